@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 
 from lightning_epo.algos import ADVANTAGES, KL_ESTIMATORS, PENALTIES, POLICY_LOSSES
 from lightning_epo.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 def _int(cfg: DictConfig, key: str, minimum: int = 1, optional: bool = False) -> None:
@@ -60,8 +62,19 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("algo.epo.smoothing=true has no effect while algo.epo.enabled=false: enable EPO or drop smoothing")
     if algo.mini_batches > 1 and cfg.data.episodes_per_step < algo.mini_batches:
         raise ConfigError("algo.mini_batches is larger than data.episodes_per_step: lower algo.mini_batches")
+    if cfg.warm_start:
+        _warm_start(cfg.warm_start)
     if cfg.ckpt_path not in (None, "last") and not Path(cfg.ckpt_path).exists():  # DeepSpeed saves directories
         raise ConfigError(f"ckpt_path '{cfg.ckpt_path}' does not exist: give a .ckpt file, or ckpt_path=last")
+
+
+def _warm_start(warm_start: DictConfig) -> None:
+    experiments = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+    _choice(warm_start.get("experiment"), experiments, "warm_start.experiment")
+    for key in ("overrides", "inherit"):
+        value = warm_start.get(key)
+        if not isinstance(value, ListConfig) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"warm_start.{key} must be a list of strings, got {value!r}")
 
 
 def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:

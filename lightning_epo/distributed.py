@@ -12,9 +12,10 @@ DeepSpeed ZeRO reduce gradients across ranks inside ``backward``, so
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
+import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy, ParallelStrategy, Strategy
 
 
@@ -57,3 +58,25 @@ def hf_zero3_config(strategy: Strategy) -> Any | None:
     from transformers.integrations import HfDeepSpeedConfig
 
     return HfDeepSpeedConfig(strategy.config)
+
+
+def gathered(param: torch.nn.Parameter) -> Any:
+    """Context in which a ZeRO-3 shard holds the full parameter (every rank must enter it, in the same order)."""
+    if not hasattr(param, "ds_id"):
+        return nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([param], modifier_rank=None)
+
+
+def hf_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for every parameter of a transformers model, in its own (checkpoint) naming.
+
+    One parameter at a time: a ZeRO-3 shard is gathered, copied (cast to ``dtype``) and released before the
+    next, so the peak extra memory is one parameter (plus what the caller keeps). Tied weights appear once
+    (``named_parameters`` deduplicates them). Buffers (rotary tables) are not weights and are left out.
+    Under ZeRO-3 every rank must run the whole iteration.
+    """
+    for name, param in model.named_parameters():
+        with gathered(param):
+            yield name, param.detach().to(dtype=dtype or param.dtype, copy=True)

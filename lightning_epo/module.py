@@ -399,6 +399,12 @@ class EPOModule(L.LightningModule):
         return [float(s / c) if c > 0 else float("nan") for s, c in zip(sums[0], sums[1])]
 
     # ----------------------------------------------------------------- validation
+    def on_validation_epoch_start(self) -> None:
+        """Fresh metric states made in this evaluation's grad mode: a ``trainer.validate`` before ``fit``
+        (``val_at_start``) leaves inference-mode tensors that fit's validation could not update in place."""
+        for metric in self.val_metrics.values():
+            metric.reset()
+
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """``batch`` is an evaluation batch of finished episodes of one split (collected at val temperature)."""
         for ep in batch.episodes:

@@ -1,6 +1,6 @@
 """The paper's training panels as PNGs, one line per algorithm, mean and a ±1 std band over seeds:
 
-    python -m lightning_epo.plot RUN_DIR [RUN_DIR ...] --out DIR
+    python -m lightning_epo.plot [LABEL=]RUN_DIR [[LABEL=]RUN_DIR ...] --out DIR
 
 Writes to ``DIR``: ``train_reward.png``, ``val_iid_success.png``, ``val_ood_success.png`` (and any other
 ``val/<split>/success``), ``entropy_turns.png`` (early vs late turns, Fig. 1), ``entropy_tokens.png``
@@ -26,7 +26,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from lightning_epo.callbacks.turn_entropy import FILENAME as TURN_ENTROPY_FILE  # noqa: E402
 from lightning_epo.errors import UserError  # noqa: E402
-from lightning_epo.run_history import Run, Series, group_runs, load_run, seed_std  # noqa: E402
+from lightning_epo.run_history import RUN_ARGS_HELP, Run, Series, group_runs, load_run_arg, seed_std  # noqa: E402
 
 Curve = tuple[list[float], list[float], list[float]]  # x, mean, std
 
@@ -152,9 +152,9 @@ def plot_turn_entropy(groups: dict[str, list[Run]], out: Path) -> Path | None:
     return _save(fig, ax, out / "entropy_by_turn.png")
 
 
-def plot_runs(run_dirs: list[Path], out: Path) -> list[Path]:
-    """Every panel the runs have data for; returns the written PNG paths."""
-    runs = [load_run(d) for d in run_dirs]
+def plot_runs(run_args: list[str], out: Path) -> list[Path]:
+    """Every panel the runs (``DIR`` or ``LABEL=DIR``) have data for; returns the written PNG paths."""
+    runs = [load_run_arg(str(r)) for r in run_args]
     groups = group_runs(runs)
     out.mkdir(parents=True, exist_ok=True)
     written = [plot_metric_panel(p, groups, out) for p in panels_for(runs)] + [plot_turn_entropy(groups, out)]
@@ -163,11 +163,11 @@ def plot_runs(run_dirs: list[Path], out: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lightning_epo.plot", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dirs", nargs="+", type=Path, help="run directories (hydra.run.dir of each run)")
+    parser.add_argument("runs", nargs="+", help=RUN_ARGS_HELP)
     parser.add_argument("--out", type=Path, required=True, help="folder for the PNGs")
     args = parser.parse_args(argv)
     try:
-        written = plot_runs(args.run_dirs, args.out)
+        written = plot_runs(args.runs, args.out)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

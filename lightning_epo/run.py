@@ -15,6 +15,7 @@ from lightning_epo.callbacks.wandb_setup import finish_wandb_run
 from lightning_epo.config import resolve_ckpt_path, validate
 from lightning_epo.resolvers import register_resolvers
 from lightning_epo.strategies import check_machine
+from lightning_epo.warm_start import command_line_overrides, run_warm_start, start_from
 
 log = logging.getLogger(__name__)
 register_resolvers()  # ${run_id:...} and ${run_config:} in the configs
@@ -28,13 +29,17 @@ def build_logger(cfg: DictConfig):
     return hydra.utils.instantiate(cfg.logger) if cfg.get("logger") and "_target_" in cfg.logger else False
 
 
-def run(cfg: DictConfig) -> dict[str, float]:
-    """Train (``mode=train``) or evaluate (``mode=eval``, writing ``eval.json``); returns the final metrics."""
+def run(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]:
+    """Train (``mode=train``, after the ``warm_start`` stage if any) or evaluate (``mode=eval``, writing
+    ``eval.json``); returns the final metrics. ``overrides``: the command line's (for the warm start to inherit)."""
     validate(cfg)
     check_machine(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
+    if cfg.warm_start and cfg.mode == "train":
+        user_overrides = command_line_overrides() if overrides is None else overrides
+        start_from(cfg, run_warm_start(cfg, user_overrides, run_stage=run))
     if cfg.get("torch_threads"):
         torch.set_num_threads(cfg.torch_threads)
     L.seed_everything(cfg.seed, workers=True)
@@ -48,6 +53,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
             (run_dir / "eval.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
             log.info("wrote %s", run_dir / "eval.json")
             return metrics
+        if cfg.val_at_start and ckpt_path is None:
+            trainer.validate(module, datamodule=datamodule)
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         return {k: float(v) for k, v in trainer.callback_metrics.items()}
     except BaseException:

@@ -149,22 +149,35 @@ def load_run_config(run_dir: str | Path) -> dict:
 
 @dataclass
 class Run:
-    """One run directory: who it is (env, algo, seed, from its config) and its metric history."""
+    """One run directory: who it is (env, algo, seed, from its config), its metric history, and the label
+    of the group it is plotted / tabled in (its algo unless given)."""
 
     run_dir: Path
     env: str
     algo: str
     seed: int | None
     history: dict[str, Series]
+    label: str
 
 
-def load_run(run_dir: str | Path) -> Run:
+RUN_ARGS_HELP = "run directories (hydra.run.dir of each run); LABEL=DIR groups a run under LABEL instead of its algo name"
+
+
+def load_run(run_dir: str | Path, label: str | None = None) -> Run:
     config = load_run_config(run_dir)
     algo = (config.get("algo") or {}).get("name")
     if algo is None:
         raise UserError(f"{run_dir}: its config has no algo.name, so its algorithm is unknown")
     env = (config.get("env") or {}).get("name") or "?"
-    return Run(Path(run_dir), str(env), str(algo), config.get("seed"), load_history(run_dir))
+    return Run(Path(run_dir), str(env), str(algo), config.get("seed"), load_history(run_dir), label or str(algo))
+
+
+def load_run_arg(arg: str) -> Run:
+    """A command-line run: ``DIR`` or ``LABEL=DIR`` (a label has no ``/``)."""
+    label, sep, path = arg.partition("=")
+    if sep and label and "/" not in label:
+        return load_run(path, label)
+    return load_run(arg)
 
 
 def seed_std(values: list[float]) -> float:
@@ -173,10 +186,10 @@ def seed_std(values: list[float]) -> float:
 
 
 def group_runs(runs: list[Run]) -> dict[str, list[Run]]:
-    """Runs grouped by algorithm (the seeds of one setting), labelled ``algo``, or ``env/algo`` when the
+    """Runs grouped by label (the seeds of one setting; the algo unless given), as ``env/label`` when the
     runs span several environments; groups keep the order in which their first run was given."""
     several_envs = len({r.env for r in runs}) > 1
     groups: dict[str, list[Run]] = {}
     for r in runs:
-        groups.setdefault(f"{r.env}/{r.algo}" if several_envs else r.algo, []).append(r)
+        groups.setdefault(f"{r.env}/{r.label}" if several_envs else r.label, []).append(r)
     return groups

@@ -1,6 +1,6 @@
 """The paper's success columns from run directories:
 
-    python -m lightning_epo.summary RUN_DIR [RUN_DIR ...] [--metric val/iid/success] [--window 5] [--markdown FILE]
+    python -m lightning_epo.summary [LABEL=]RUN_DIR [[LABEL=]RUN_DIR ...] [--metric val/iid/success] [--window 5] [--markdown FILE]
 
 - **Succ.\\*** : the best validation success of a run (max over its evaluations), averaged over seeds.
 - **Succ.**  : the mean of a run's last ``--window`` evaluations ("after convergence"), averaged over seeds.
@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lightning_epo.errors import UserError
-from lightning_epo.run_history import Run, group_runs, load_run, seed_std
+from lightning_epo.run_history import RUN_ARGS_HELP, Run, group_runs, load_run_arg, seed_std
 
 
 HEADER = ["algo", "runs", "seeds", "Succ.* (%)", "Succ. (%)"]
@@ -100,13 +100,13 @@ def markdown_table(summaries: list[GroupSummary], metric: str, window: int) -> s
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lightning_epo.summary", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dirs", nargs="+", type=Path, help="run directories (hydra.run.dir of each run)")
+    parser.add_argument("runs", nargs="+", help=RUN_ARGS_HELP)
     parser.add_argument("--metric", default="val/iid/success", help="validation metric (default: val/iid/success)")
     parser.add_argument("--window", type=int, default=5, help="evaluations averaged for Succ. (default: 5)")
     parser.add_argument("--markdown", type=Path, help="also write the table as markdown to this file")
     args = parser.parse_args(argv)
     try:
-        summaries = summarize([load_run(d) for d in args.run_dirs], args.metric, args.window)
+        summaries = summarize([load_run_arg(r) for r in args.runs], args.metric, args.window)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -69,3 +69,11 @@ def test_missing_metric_is_one_error_line(runs, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "val/iid/success" in err and err.count("\n") == 1
+
+
+def test_label_groups_runs_of_one_algo_apart(runs, tmp_path, capsys):
+    """``LABEL=DIR``: two ppo runs under different labels are two rows, not one group of two seeds."""
+    md = tmp_path / "table.md"
+    main([f"control={runs[0]}", str(runs[2]), "--window", "2", "--markdown", str(md)])
+    table = md.read_text()
+    assert "| control | 1 | 0 | 60.0 | 45.0 |" in table and "| ppo | 1 | 1 | 70.0 | 50.0 |" in table

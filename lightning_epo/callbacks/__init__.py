@@ -1,8 +1,9 @@
-"""Callbacks: the entropy history window, the beta_k schedule, RL-step checkpoints, weight sync."""
+"""Callbacks: the entropy history window, the beta_k schedule, RL-step checkpoints, weight sync, policy export."""
 
 from lightning_epo.callbacks.beta_schedule import BetaSchedule
 from lightning_epo.callbacks.checkpoint import RLStepCheckpoint
 from lightning_epo.callbacks.entropy_window import EntropyWindow
+from lightning_epo.callbacks.export_policy import ExportPolicy
 from lightning_epo.callbacks.rollout_samples import RolloutSamples
 from lightning_epo.callbacks.stop_at_step import StopAtStep
 from lightning_epo.callbacks.turn_entropy import TurnEntropyLog
@@ -12,6 +13,7 @@ from lightning_epo.callbacks.weight_sync import WeightSync
 __all__ = [
     "BetaSchedule",
     "EntropyWindow",
+    "ExportPolicy",
     "RLStepCheckpoint",
     "RolloutSamples",
     "StopAtStep",

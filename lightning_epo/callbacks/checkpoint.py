@@ -10,13 +10,17 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 class RLStepCheckpoint(ModelCheckpoint):
     """A ModelCheckpoint that saves ``last.ckpt`` (and a periodic ``step=K.ckpt``) after every
-    ``every_n_rl_steps`` completed RL steps, at a ``stop_at_step`` stop, and at the end of training."""
+    ``every_n_rl_steps`` completed RL steps, at a ``stop_at_step`` stop, and at the end of training.
+
+    A fresh run in a directory that already holds checkpoints overwrites them (no ``last-v1.ckpt``), so
+    ``ckpt_path=last`` always resumes the newest run of that directory."""
 
     def __init__(self, every_n_rl_steps: int = 1, **kwargs: Any) -> None:
         kwargs.setdefault("filename", "{rl_step}")
         kwargs.setdefault("save_last", True)
         kwargs.setdefault("save_top_k", -1 if kwargs.get("keep_periodic", False) else 1)
         kwargs.pop("keep_periodic", None)
+        kwargs.setdefault("enable_version_counter", False)
         super().__init__(every_n_train_steps=0, every_n_epochs=0, save_on_train_epoch_end=False, **kwargs)
         self.every_n_rl_steps = every_n_rl_steps
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
+
+from lightning_epo.models.export import staged_directory
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_CORPUS = REPO_ROOT / "data" / "tokenizer_corpus.txt"
@@ -194,9 +194,7 @@ def build_tiny_model(
         raise FileNotFoundError(f"tokenizer corpus '{corpus}' not found: it ships in the repository's data/ folder")
     if path.exists():
         raise FileExistsError(f"tiny model directory '{path}' already exists: delete it to rebuild")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", suffix=".partial", dir=path.parent))
-    try:
+    with staged_directory(path) as staging:
         tokenizer = build_tokenizer(corpus, vocab_size)
         tokenizer.save_pretrained(staging)
         model = random_qwen2(
@@ -209,19 +207,4 @@ def build_tiny_model(
             seed=seed,
         )
         model.save_pretrained(staging)
-        _publish(staging, path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return path
-
-
-def _publish(staging: Path, path: Path) -> None:
-    """Rename ``staging`` to ``path`` in one step; if another process got there first, keep its directory."""
-    staging.chmod(0o755)  # mkdtemp (and safetensors' own temp file) are private; a checkpoint is not
-    for file in staging.iterdir():
-        file.chmod(0o644)
-    try:
-        staging.rename(path)
-    except OSError:
-        if not (path / "config.json").is_file():
-            raise

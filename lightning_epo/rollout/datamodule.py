@@ -144,6 +144,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.pool: EnvPool | None = None
         self.collector: EpisodeCollector | None = None
         self.val_collector: EpisodeCollector | None = None
+        self._weights_bound = False
 
     def setup(self, stage: str) -> None:
         if self.collector is not None:
@@ -177,6 +178,13 @@ class RolloutDataModule(L.LightningDataModule):
         """Make every engine (training and, if separate, evaluation) sample from ``actor``'s weights."""
         for engine in self._engines():
             engine.sync_weights(actor)
+        self._weights_bound = True
+
+    def _bind_weights_once(self) -> None:
+        """Before the first collection: bind the engines to the module's actor. Lightning fetches the first batch
+        before any callback hook of a run can (``trainer.validate``); WeightSync pushes after every update."""
+        if not self._weights_bound and self.trainer is not None:
+            self.sync_weights(self.trainer.lightning_module.actor)
 
     def teardown(self, stage: str) -> None:
         if self.pool is not None:
@@ -184,6 +192,7 @@ class RolloutDataModule(L.LightningDataModule):
         for engine in self._engines():
             engine.close()
         self.pool = self.engine = self.val_engine = self.collector = self.val_collector = None
+        self._weights_bound = False
 
     def _rank(self) -> tuple[int, int]:
         trainer = self.trainer
@@ -196,6 +205,7 @@ class RolloutDataModule(L.LightningDataModule):
         if rank == 0:  # collection can take minutes: say it is alive
             log.info("step %d: collecting %d episodes ...", step, len(tasks))
         start = time.perf_counter()
+        self._bind_weights_once()
         rollout = self.collector.collect(tasks, groups, self.train_sampling)
         self.engine.release_memory()  # the update needs the memory next
         wall_s = time.perf_counter() - start
@@ -207,6 +217,7 @@ class RolloutDataModule(L.LightningDataModule):
     def eval_batch(self, split: str) -> EvalBatch:
         rank, world = self._rank()
         tasks = validation_sample(self.suite.tasks(split), self.val_size, self.seed)[rank::world]
+        self._bind_weights_once()
         episodes = self.val_collector.collect(tasks, list(range(len(tasks))), self.val_sampling).episodes
         self.val_engine.release_memory()
         return EvalBatch(split, episodes)

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
-from contextlib import nullcontext
 from typing import Any
 
 import torch
 
+from lightning_epo.distributed import hf_weights
 from lightning_epo.errors import UserError
 from lightning_epo.models.loading import model_source
 from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams
@@ -49,27 +49,6 @@ def import_vllm() -> Any:
     except ImportError as exc:
         raise UserError(VLLM_MISSING) from exc
     return vllm
-
-
-def _gathered(param: torch.nn.Parameter) -> Any:
-    """Context in which a ZeRO-3 shard holds the full parameter (every rank must enter it, in the same order)."""
-    if not hasattr(param, "ds_id"):
-        return nullcontext()
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters([param], modifier_rank=None)
-
-
-def hf_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` for every parameter of a transformers model, in its own (checkpoint) naming.
-
-    One parameter at a time: a ZeRO-3 shard is gathered, copied (cast to ``dtype``) and released before the
-    next, so the peak extra memory is one parameter. Tied weights appear once (``named_parameters``
-    deduplicates them; vLLM ties them again). Buffers (rotary tables) are not weights and are left out.
-    """
-    for name, param in model.named_parameters():
-        with _gathered(param):
-            yield name, param.detach().to(dtype=dtype or param.dtype, copy=True)
 
 
 def _load_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
@@ -167,6 +146,7 @@ class VLLMEngine(GenerationEngine):
         self.llm = self.vllm.LLM(**kwargs)
         self.weights_awake = self.kv_awake = True
         self.weights_valid = False  # no push yet (or the weights were discarded by a level-2 sleep)
+        self.actor: torch.nn.Module | None = None  # the last pushed actor, pushed again after a level-2 sleep
 
     def release_memory(self) -> None:
         """Give the engine's GPU memory back to the trainer until the next push or generate (sleep mode)."""
@@ -183,13 +163,16 @@ class VLLMEngine(GenerationEngine):
         self.llm.collective_rpc(_load_weights, args=(hf_weights(actor, self.dtype),))
         self.llm.reset_prefix_cache()
         self.weights_valid = True
+        self.actor = actor
 
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams, infos: list[dict[str, Any]] | None = None
     ) -> list[Generation]:
         """Sample one response per prompt; ``infos`` is ignored (see :class:`GenerationEngine`)."""
         if not self.weights_valid:
-            raise RuntimeError("VLLMEngine has no weights: call sync_weights(actor) first (WeightSync does)")
+            if self.actor is None:
+                raise RuntimeError("VLLMEngine has no weights: call sync_weights(actor) first (the DataModule does)")
+            self.sync_weights(self.actor)  # a level-2 sleep since the last push (e.g. after a validation)
         if not self.weights_awake:
             self.llm.wake_up(tags=["weights"])
             self.weights_awake = True

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import json
+
 import pytest
 import torch
 
@@ -48,3 +51,19 @@ def test_resume_restores_entropy_window_and_beta_step(compose_cfg, tmp_path):
     resumed_window = callback_state(resumed, "EntropyWindow")["values"]
     assert resumed_window[:2] == window and len(resumed_window) == 4
     assert resumed["RolloutDataModule"]["sampler_step"] == 4
+
+
+def test_eval_mode_samples_from_the_checkpointed_actor(compose_cfg, tmp_path):
+    """``mode=eval`` with the model's own engine: Lightning fetches the first validation batch before any
+    callback hook, so the DataModule must bind the engine to the restored actor itself."""
+    run(compose_cfg(*FAST, "test_every=1000"))
+    metrics = run(compose_cfg(*FAST, "mode=eval", "ckpt_path=last"))
+    written = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert written == metrics and {"val/iid/success", "val/ood/success", "val/iid/turns"} <= written.keys()
+
+
+def test_val_at_start_logs_the_starting_level_at_step_0(compose_cfg, tmp_path):
+    run(compose_cfg(*FAST, "val_at_start=true", "test_every=2"))
+    with open(tmp_path / "run" / "csv" / "metrics.csv") as f:
+        val_steps = [int(row["step"]) for row in csv.DictReader(f) if row.get("val/iid/success")]
+    assert val_steps == [0, 1]  # before the first update, then after RL step 2 (Lightning's step index 1)

@@ -16,7 +16,8 @@ from safetensors import safe_open
 import lightning_epo.rollout.vllm_engine as vllm_engine
 from lightning_epo.errors import UserError
 from lightning_epo.rollout.engine import SamplingParams
-from lightning_epo.rollout.vllm_engine import VLLMEngine, hf_weights, to_generation
+from lightning_epo.distributed import hf_weights
+from lightning_epo.rollout.vllm_engine import VLLMEngine, to_generation
 
 
 @pytest.fixture(scope="module")
@@ -134,19 +135,19 @@ def test_sleep_wake_push_reset_order_over_two_rl_steps(fake_vllm, tiny_model_pat
     engine.sync_weights(tiny_actor)  # fit start
     engine.generate([[1, 2]], sampling)  # rollout k = 0
     engine.release_memory()  # the update needs the memory
-    with pytest.raises(RuntimeError, match="call sync_weights"):  # level 2 discarded the weights
-        engine.generate([[1, 2]], sampling)
     engine.sync_weights(tiny_actor)  # after the update
-    engine.generate([[1, 2]], sampling)  # rollout k = 1
+    engine.generate([[1, 2]], sampling)  # validation
+    engine.release_memory()  # level 2 discards the weights ...
+    engine.generate([[1, 2]], sampling)  # ... so rollout k = 1 pushes the actor again
     engine.generate([[1, 2]], sampling)  # the next turn: no wake-up
+    push = ["wake_up(weights)", "load_weights", "reset_prefix_cache"]  # weights only: the KV cache stays freed
     assert llm.calls == [
         "load_weights", "reset_prefix_cache", "generate",
-        "sleep(2)",
-        "wake_up(weights)", "load_weights", "reset_prefix_cache",  # weights only: the KV cache stays freed
-        "wake_up(kv_cache)", "generate", "generate",
+        "sleep(2)", *push, "wake_up(kv_cache)", "generate",
+        "sleep(2)", *push, "wake_up(kv_cache)", "generate", "generate",
     ]
     names = [n for n, _ in tiny_actor.named_parameters()]
-    assert llm.loaded == [names, names]
+    assert llm.loaded == [names, names, names]
 
 
 def test_level_1_sleep_keeps_the_weights_usable(fake_vllm, tiny_model_path, tiny_actor):

@@ -1,0 +1,39 @@
+"""``export_policy=true``: the trained actor as a Hugging Face model directory (a warm start's product)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import lightning as L
+
+from lightning_epo.distributed import hf_weights
+from lightning_epo.models.export import export_policy
+
+log = logging.getLogger(__name__)
+
+
+class ExportPolicy(L.Callback):
+    """When a run completes all ``total_steps`` RL steps, saves the actor and the tokenizer to ``dirpath``
+    (``RUN_DIR/policy``), loadable by a later run with ``model.name_or_path=RUN_DIR/policy``.
+
+    A run that stops early (``stop_at_step``, a crash) exports nothing, so the directory only ever holds a
+    finished policy. Every rank takes part (ZeRO-3 shards are gathered one parameter at a time); rank 0 writes.
+    """
+
+    def __init__(self, dirpath: str, total_steps: int, enabled: bool = True) -> None:
+        self.dirpath = Path(dirpath)
+        self.total_steps = total_steps
+        self.enabled = enabled
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.enabled:
+            return
+        if pl_module.rl_step < self.total_steps:
+            log.info("stopped at RL step %d of %d: no policy exported", pl_module.rl_step, self.total_steps)
+            return
+        weights = {name: tensor for name, tensor in hf_weights(pl_module.actor) if trainer.is_global_zero}
+        if trainer.is_global_zero:
+            export_policy(pl_module.actor, trainer.datamodule.tokenizer, self.dirpath, state_dict=weights)
+            log.info("exported the policy to %s", self.dirpath)
+        trainer.strategy.barrier()

@@ -1,0 +1,60 @@
+"""Model directories written atomically: the tiny model's build and the policy export (``export_policy=true``).
+
+A reader (another rank, a later run's ``from_pretrained``) never sees a half-written directory: everything
+goes into a private temporary sibling that is renamed to the final path in one step.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+@contextmanager
+def staged_directory(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling of ``path`` to write into; when the block ends without error it is renamed
+    to ``path`` (if another process published ``path`` first, that directory is kept). Removed in any case."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", suffix=".partial", dir=path.parent))
+    try:
+        yield staging
+        _publish(staging, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _publish(staging: Path, path: Path) -> None:
+    """Rename ``staging`` to ``path`` in one step; if another process got there first, keep its directory."""
+    staging.chmod(0o755)  # mkdtemp (and safetensors' own temp file) are private; a checkpoint is not
+    for file in staging.iterdir():
+        file.chmod(0o644)
+    try:
+        staging.rename(path)
+    except OSError:
+        if not (path / "config.json").is_file():
+            raise
+
+
+def export_policy(
+    actor: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    path: str | Path,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+) -> Path:
+    """Save ``actor`` (safetensors, config, generation config) and ``tokenizer`` as one Hugging Face model
+    directory at ``path``, loadable with ``model.name_or_path=path``; ``state_dict`` overrides the actor's own
+    tensors (full weights gathered from ZeRO-3 shards). An existing ``path`` is replaced."""
+    path = Path(path)
+    if path.exists():
+        shutil.rmtree(path)
+    with staged_directory(path) as staging:
+        actor.save_pretrained(staging, state_dict=dict(state_dict) if state_dict is not None else None)
+        tokenizer.save_pretrained(staging)
+    return path

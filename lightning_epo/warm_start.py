@@ -1,0 +1,100 @@
+"""``warm_start``: a supervised stage that runs before RL in the same command; RL starts from its policy.
+
+    warm_start:
+      experiment: gridworld_sft          # the stage is this experiment ...
+      overrides: [total_steps=200]       # ... with these overrides ...
+      inherit: [seed, env, model, torch_threads]   # ... and the command line's overrides of these keys
+
+``python train.py experiment=gridworld_learn env.suite.size=7 seed=3`` runs the stage as
+``python train.py experiment=gridworld_sft env.suite.size=7 seed=3 total_steps=200`` in ``RUN_DIR/warm_start``
+(own checkpoints, logs and wandb run), which exports its final actor to ``RUN_DIR/warm_start/policy``; the RL
+run then loads its actor, its critic's backbone and its reference model from there. Running the command again
+on the same run directory (``hydra.run.dir=RUN_DIR``, e.g. to resume) reuses the exported policy, and an
+interrupted stage resumes from its own ``last.ckpt``.
+
+One process only: with several ranks run the two stages as two commands (``export_policy=true``, then
+``model.name_or_path=RUN_DIR/policy``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+from lightning_epo.config import CONF_DIR
+from lightning_epo.errors import ConfigError, UserError
+
+log = logging.getLogger(__name__)
+STAGE_DIR = "warm_start"
+
+
+def override_key(override: str) -> str:
+    """The top-level config key a command-line override sets: ``env.max_turns=5`` -> ``env``, ``+a/b=c`` -> ``a``."""
+    key = override.split("=", 1)[0].lstrip("+~")
+    return re.split(r"[./@]", key, maxsplit=1)[0]
+
+
+def command_line_overrides() -> list[str]:
+    """The overrides of the running ``train.py`` command (none outside a Hydra app)."""
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def stage_overrides(warm_start: DictConfig, user_overrides: Sequence[str], stage_dir: Path) -> list[str]:
+    """The overrides that compose the stage's config, in order (later ones win)."""
+    inherited = [o for o in user_overrides if override_key(o) in set(warm_start.inherit)]
+    resume = ["ckpt_path=last"] if (stage_dir / "checkpoints" / "last.ckpt").is_file() else []
+    return [
+        f"experiment={warm_start.experiment}",
+        *inherited,
+        *warm_start.overrides,
+        f"run_dir={stage_dir}",
+        "export_policy=true",
+        *resume,
+    ]
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    if GlobalHydra.instance().is_initialized():
+        return compose("config", overrides=overrides)
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+def _check_one_process(cfg: DictConfig) -> None:
+    if cfg.trainer.get("devices", 1) != 1 or cfg.trainer.get("num_nodes", 1) != 1:
+        raise ConfigError(
+            "warm_start runs in one process: with several devices run the stage first "
+            f"(experiment={cfg.warm_start.experiment} export_policy=true), then this run with warm_start=null "
+            "model.name_or_path=<that run>/policy model.build_if_missing=false"
+        )
+
+
+def run_warm_start(cfg: DictConfig, user_overrides: Sequence[str], run_stage: Callable[[DictConfig], Any]) -> Path:
+    """Run the stage (``run_stage(stage_cfg)``) unless ``RUN_DIR/warm_start/policy`` exists; return that path."""
+    _check_one_process(cfg)
+    stage_dir = Path(cfg.run_dir) / STAGE_DIR
+    policy = stage_dir / "policy"
+    if (policy / "config.json").is_file():
+        log.info("warm start: reusing the policy in %s", policy)
+        return policy
+    overrides = stage_overrides(cfg.warm_start, user_overrides, stage_dir)
+    log.info("warm start: python train.py %s", " ".join(overrides))
+    run_stage(_compose(overrides))
+    if not (policy / "config.json").is_file():
+        raise UserError(f"the warm start stopped before its last step and exported no policy: rerun with hydra.run.dir={cfg.run_dir}")
+    return policy
+
+
+def start_from(cfg: DictConfig, policy: Path) -> None:
+    """Point the run's model (actor, critic backbone, reference) at the warm-started ``policy``."""
+    with open_dict(cfg):
+        cfg.model.name_or_path = str(policy)
+        cfg.model.build_if_missing = False

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The paper's comparison in miniature (README "EPO on a sparse-reward, long-horizon gridworld"):
+# one shared supervised warm start, then PPO, PPO+EPO and the ablations x seeds on experiment=gridworld_long,
+# JOBS runs at a time (one torch thread each), then the figures and the Succ.*/Succ. table.
+#   scripts/gridworld_comparison.sh [OUT_DIR]      env: SEEDS="0 1 2" JOBS=2 ALGOS="ppo ppo_epo ..." ARGS="..."
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-runs/gridworld_comparison}
+SEEDS=${SEEDS:-"0 1 2"}
+JOBS=${JOBS:-2}
+ALGOS=${ALGOS:-"ppo ppo_epo ppo_epo_base ppo_epo_const_beta ppo_epo_decay ppo_ea"}
+ARGS=${ARGS:-}
+PY=${PY:-.venv/bin/python}
+
+if [ ! -f "$OUT/warm_start/policy/config.json" ]; then
+  $PY train.py experiment=gridworld_sft export_policy=true logger=csv hydra.run.dir="$OUT/warm_start"
+fi
+for algo in $ALGOS; do
+  for seed in $SEEDS; do
+    [ -f "$OUT/$algo/s$seed/checkpoints/last.ckpt" ] && continue   # done (rerun the script to resume the rest)
+    echo "$PY train.py experiment=gridworld_long algo=$algo seed=$seed warm_start=null model.build_if_missing=false" \
+      "model.name_or_path=$OUT/warm_start/policy logger=csv ~callbacks.progress_bar $ARGS hydra.run.dir=$OUT/$algo/s$seed" \
+      "> $OUT/$algo.s$seed.log 2>&1"
+  done
+done | xargs -P "$JOBS" -I{} sh -c "{}"
+
+RUNS=$(for algo in $ALGOS; do for seed in $SEEDS; do echo "$OUT/$algo/s$seed"; done; done)
+$PY -m lightning_epo.plot $RUNS --out "$OUT/figures"
+for metric in val/iid/success val/ood/success; do
+  $PY -m lightning_epo.summary $RUNS --metric "$metric" --markdown "$OUT/table_$(echo "$metric" | cut -d/ -f2).md"
+done

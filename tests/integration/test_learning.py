@@ -1,0 +1,47 @@
+"""``experiment=gridworld_learn`` learns on a CPU: the issue's bar, as a user runs it (slow: about 2 x 15 minutes).
+
+    .venv/bin/python -m pytest -m slow tests/integration/test_learning.py
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lightning_epo.run_history import load_history
+
+REPO = Path(__file__).resolve().parents[2]
+BUDGET_S = 15 * 60
+pytestmark = pytest.mark.slow
+
+
+def train(run_dir: Path, *args: str) -> tuple[dict, float]:
+    start = time.monotonic()
+    subprocess.run([sys.executable, str(REPO / "train.py"), "experiment=gridworld_learn", *args,
+                    f"hydra.run.dir={run_dir}"], cwd=REPO, check=True, timeout=2 * BUDGET_S)
+    return load_history(run_dir), time.monotonic() - start
+
+
+def first_and_last(history: dict, metric: str) -> tuple[float, float]:
+    points = history[metric]
+    assert points[0][0] == 0, f"{metric}: no evaluation before the first RL step"
+    return points[0][1], points[-1][1]
+
+
+def test_rl_lifts_the_warm_start_to_80_percent_within_15_minutes(tmp_path):
+    history, wall_s = train(tmp_path / "learn")
+    iid_start, iid_end = first_and_last(history, "val/iid/success")
+    ood_start, ood_end = first_and_last(history, "val/ood/success")
+    assert wall_s < BUDGET_S, f"took {wall_s:.0f} s"
+    assert iid_end >= 0.8 and iid_end > iid_start, (iid_start, iid_end)
+    assert ood_end > ood_start, (ood_start, ood_end)
+
+
+def test_control_with_rl_learning_rate_0_stays_at_the_warm_start(tmp_path):
+    history, _ = train(tmp_path / "control", "optim.actor_lr=0")
+    iid_start, iid_end = first_and_last(history, "val/iid/success")
+    assert abs(iid_end - iid_start) <= 0.1, (iid_start, iid_end)
