@@ -64,6 +64,11 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("algo.mini_batches is larger than data.episodes_per_step: lower algo.mini_batches")
     if cfg.warm_start:
         _warm_start(cfg.warm_start)
+        if cfg.mode == "eval" and cfg.ckpt_path is None:
+            raise ConfigError(
+                "mode=eval of a warm-started experiment needs the weights to evaluate: give ckpt_path=<run>/checkpoints/"
+                "last.ckpt (or warm_start=null model.name_or_path=<run>/warm_start/policy)"
+            )
     if cfg.ckpt_path not in (None, "last") and not Path(cfg.ckpt_path).exists():  # DeepSpeed saves directories
         raise ConfigError(f"ckpt_path '{cfg.ckpt_path}' does not exist: give a .ckpt file, or ckpt_path=last")
 

@@ -27,7 +27,7 @@ def exported(policy: Path) -> dict[str, torch.Tensor]:
 
 
 def assert_same_weights(actor: dict[str, torch.Tensor], policy: dict[str, torch.Tensor]) -> None:
-    assert policy.keys() <= actor.keys()
+    assert policy and policy.keys() <= actor.keys()
     for name, tensor in policy.items():
         torch.testing.assert_close(actor[name], tensor, rtol=0, atol=0, msg=name)
 
@@ -85,6 +85,11 @@ def test_warm_start_needs_one_process(compose_cfg):
     cfg = compose_cfg(*FAST, "experiment=gridworld_learn", "trainer.devices=2")
     with pytest.raises(ConfigError, match="warm_start runs in one process"):
         run(cfg, overrides=[])
+
+
+def test_evaluating_a_warm_started_experiment_needs_its_checkpoint(compose_cfg):
+    with pytest.raises(ConfigError, match="mode=eval of a warm-started experiment needs the weights to evaluate"):
+        run(compose_cfg(*FAST, "experiment=gridworld_learn", "mode=eval"), overrides=[])
 
 
 def test_unknown_warm_start_experiment_is_one_line(compose_cfg):
