@@ -58,6 +58,9 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("algo.advantage=gae needs algo.critic=true (or use algo.advantage=grpo)")
     if algo.critic and algo.advantage != "gae":
         raise ConfigError(f"algo.critic=true is unused with algo.advantage={algo.advantage}: set algo.critic=false")
+    target_kl = algo.get("target_kl")
+    if target_kl is not None and (not isinstance(target_kl, (int, float)) or isinstance(target_kl, bool) or target_kl <= 0):
+        raise ConfigError(f"algo.target_kl must be a number > 0 (e.g. 0.02) or null, got {target_kl!r}")
     if algo.epo.smoothing and not algo.epo.enabled:
         raise ConfigError("algo.epo.smoothing=true has no effect while algo.epo.enabled=false: enable EPO or drop smoothing")
     if algo.mini_batches > 1 and cfg.data.episodes_per_step < algo.mini_batches:

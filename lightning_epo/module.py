@@ -239,18 +239,24 @@ class EPOModule(L.LightningModule):
         )
 
     # ----------------------------------------------------------------- the update
-    def _ppo_update(self, batch: RolloutBatch, targets: StepTargets, settings: ObjectiveSettings) -> dict[str, float]:
+    def _ppo_update(self, batch: RolloutBatch, targets: StepTargets, settings: ObjectiveSettings) -> tuple[dict[str, float], int]:
         """``ppo_epochs`` passes over ``mini_batches`` optimizer steps, each accumulating micro-batches.
 
         A mini-batch's loss is scaled by ``mini_batches * world_size``: its tokens' fixed weights sum to
         about ``1 / mini_batches`` of the RL step's, and DDP / DeepSpeed average gradients over ranks.
         Every rank runs the same number of optimizer steps and of backward passes per step (the largest
         micro-batch count of any rank, see lightning_epo/distributed.py), so collectives always pair up.
+
+        With ``algo.target_kl`` set, the update stops early (as in Stable-Baselines3's PPO) at the first
+        mini-batch whose approximate KL to the old policy (all ranks) exceeds ``1.5 * target_kl``, without
+        applying that mini-batch's step. Returns the loss terms averaged over the mini-batches that ran
+        (each as a full-batch value) and the number of optimizer steps taken.
         """
         opt = self.optimizers()
         generator = torch.Generator().manual_seed(self.hparams.seed * 100_003 + self.rl_step)
         scale = self.algo.mini_batches * self.trainer.world_size
         sums: dict[str, float] = {}
+        ran = steps = 0
         for _ in range(self.algo.ppo_epochs):
             order = torch.randperm(len(batch), generator=generator).to(self.device)
             minis = order.tensor_split(self.algo.mini_batches)
@@ -259,11 +265,30 @@ class EPOModule(L.LightningModule):
             for mini, count in zip(minis, counts):
                 opt.zero_grad()
                 nonfinite = torch.zeros((), device=self.device)
+                kl_before = sums.get("approx_kl", 0.0)
                 for i, rows in enumerate(mini.tensor_split(count)):
                     with accumulation_boundary(self.trainer.strategy, last=i == count - 1):
                         nonfinite += self._accumulate(batch, targets, settings, rows, scale, sums)
+                ran += 1
+                if self._kl_exceeded(sums["approx_kl"] - kl_before, targets.pg_weights[mini].sum()):
+                    opt.zero_grad()
+                    return self._mean_terms(sums, ran), steps
                 self._clip_and_step(opt, nonfinite)
-        return sums
+                steps += 1
+        return self._mean_terms(sums, ran), steps
+
+    def _kl_exceeded(self, weighted_kl: float, weight: torch.Tensor) -> bool:
+        """Whether this mini-batch's approximate KL (its ``pg_weights``-weighted mean over all ranks) exceeds
+        ``1.5 * algo.target_kl``; always False without a target."""
+        target = self.algo.get("target_kl")
+        if target is None:
+            return False
+        kl, total = self._reduce(torch.tensor([weighted_kl, float(weight)], device=self.device)).tolist()
+        return total > 0 and kl / total > 1.5 * target
+
+    def _mean_terms(self, sums: dict[str, float], minis_run: int) -> dict[str, float]:
+        """Summed mini-batch terms -> their mean full-batch value (a mini-batch holds ~1/mini_batches of it)."""
+        return {name: value * self.algo.mini_batches / minis_run for name, value in sums.items()}
 
     def _accumulate(
         self, batch: RolloutBatch, targets: StepTargets, settings: ObjectiveSettings, rows: torch.Tensor,
@@ -281,7 +306,7 @@ class EPOModule(L.LightningModule):
         loss, terms = epo_objective(logprob, entropy, values, targets.select(rows, length), settings)
         self.manual_backward(loss * (scale * weight))
         for name, value in terms.items():
-            sums[name] = sums.get(name, 0.0) + weight * float(value) / self.algo.ppo_epochs
+            sums[name] = sums.get(name, 0.0) + weight * float(value)
         return (~torch.isfinite(loss.detach())).float()
 
     def _clip_and_step(self, opt: Any, nonfinite_loss: torch.Tensor) -> None:
@@ -338,9 +363,11 @@ class EPOModule(L.LightningModule):
         self.step_entropy_stats = torch.stack([old["entropy"][mask].sum(), mask.sum().float()])
         settings = self._settings()
         targets = self._step_targets(batch, old)
-        terms = self._ppo_update(batch, targets, settings)
+        terms, optimizer_steps = self._ppo_update(batch, targets, settings)
         self.lr_schedulers().step()
         self._log_step(batch, old, terms, settings, update_s=time.perf_counter() - start)
+        if self.algo.get("target_kl") is not None:
+            self._log_scalar("ppo/optimizer_steps", optimizer_steps, "max")
         self.rl_step += 1
 
     # ----------------------------------------------------------------- logging

@@ -102,3 +102,30 @@ def test_missing_epo_callbacks_fail_with_a_clear_message(compose_cfg):
                         enable_progress_bar=False, limit_train_batches=1)
     with pytest.raises(RuntimeError, match="callbacks=default"):
         trainer.fit(module, train_dataloaders=DataLoader([synthetic_batch(100)], batch_size=None, collate_fn=lambda b: b))
+
+
+def test_target_kl_stops_the_update_at_the_first_mini_batch_past_it(compose_cfg):
+    """The first mini-batch sees the old policy (KL 0) and steps; with a tiny target the next one stops the
+    update unapplied. A target that is never reached changes nothing."""
+    base = ["algo=ppo_epo", "algo.ppo_epochs=4", "algo.mini_batches=2", "optim.actor_lr=1e-2", "optim.warmup_ratio=0"]
+    batch = synthetic_batch(500, seed=3)
+    runs = {}
+    for target in ("null", "1e-9", "1e9"):
+        module, trainer = fit_one_step(compose_cfg(*base, f"algo.target_kl={target}"), [batch])
+        runs[target] = (params(module), {k: float(v) for k, v in trainer.callback_metrics.items()})
+    (free, free_m), (tight, tight_m), (loose, loose_m) = runs["null"], runs["1e-9"], runs["1e9"]
+    assert "ppo/optimizer_steps" not in free_m
+    assert tight_m["ppo/optimizer_steps"] == 1 and loose_m["ppo/optimizer_steps"] == 8
+    assert tight_m["ppo/approx_kl"] > 0
+    assert all(torch.equal(free[n], loose[n]) for n in free)
+    moved = [n for n in free if n.startswith("actor.") and not torch.equal(free[n], tight[n])]
+    assert moved, "one optimizer step is not eight"
+
+
+@pytest.mark.parametrize("bad", ["0", "-0.1", "true", "'x'"])
+def test_target_kl_must_be_positive(compose_cfg, bad):
+    from lightning_epo.config import validate
+    from lightning_epo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="algo.target_kl must be a number > 0"):
+        validate(compose_cfg("algo=ppo", f"algo.target_kl={bad}"))
