@@ -63,7 +63,8 @@ def test_export_policy_writes_the_final_actor_only_for_a_completed_run(compose_c
 def test_rl_starts_from_the_warm_start_policy(compose_cfg, tmp_path, tiny_model_path):
     """With an RL learning rate of 0 (the control) the actor ends exactly at the warm start; with the default
     it moves away from it; and the warm start itself moved away from the tiny model."""
-    args = [*FAST, "experiment=gridworld_learn", QUICK_STAGE, "total_steps=2", "env.val_size=2", "val_at_start=false"]
+    args = [*FAST, "experiment=gridworld_learn", QUICK_STAGE, "total_steps=2", "env.val_size=2", "val_at_start=false",
+            "algo.group_size=2"]
     run(compose_cfg(*args, "optim.actor_lr=0"), overrides=[f"model.name_or_path={tiny_model_path}"])
     policy = tmp_path / "run" / "warm_start" / "policy"
     warm = exported(policy)
