@@ -2,25 +2,40 @@
 
 The expert's response is the text ``<action>{expert_action}</action>`` (after an empty
 ``<think></think>`` when ``think=True``), encoded once and closed with the tokenizer's eos token,
-exactly the shape the paper's prompt asks the policy for. Its log-probs are 0.0 (the expert is
-deterministic); nothing here is sampled from a model.
+exactly the shape the paper's prompt asks the policy for. Its log-probs are 0.0; nothing here is
+sampled from a model.
+
+``explore_prob > 0`` makes it a noisy expert (DART, Laskey et al. 2017): each turn, with that probability,
+it answers with an action drawn uniformly from ``explore_actions`` (e.g. the four moves, walls included)
+instead of the expert's, so a warm start on its episodes also sees off-path states ("Nothing happens.")
+followed by the expert's recovery. Draws use Python's ``random``, reseeded at every RL step.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import random
+from typing import Any, Sequence
 
+from lightning_epo.errors import ConfigError
 from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams
 
 
 class ExpertEngine(GenerationEngine):
     """Answers every prompt with the environment's next expert action (``info["expert_action"]``)."""
 
-    def __init__(self, tokenizer: Any, think: bool = False) -> None:
+    def __init__(
+        self, tokenizer: Any, think: bool = False, explore_prob: float = 0.0, explore_actions: Sequence[str] = ()
+    ) -> None:
         if tokenizer.eos_token_id is None:
             raise ValueError("ExpertEngine needs a tokenizer with an eos token to close the expert's turn")
+        if not 0.0 <= explore_prob <= 1.0:
+            raise ConfigError(f"rollout.engine.explore_prob must be in [0, 1], got {explore_prob}")
+        if explore_prob > 0 and not explore_actions:
+            raise ConfigError("rollout.engine.explore_prob > 0 needs rollout.engine.explore_actions (e.g. the env's moves)")
         self.tokenizer = tokenizer
         self.think = think
+        self.explore_prob = explore_prob
+        self.explore_actions = list(explore_actions)
 
     def response_text(self, expert_action: str) -> str:
         """The response text for one expert action (without the eos token)."""
@@ -42,6 +57,8 @@ class ExpertEngine(GenerationEngine):
                     f"{info.get('task', '?')!r}; "
                     "use an env whose info carries its expert's next action, or rollout=hf"
                 )
+            if self.explore_prob > 0 and random.random() < self.explore_prob:
+                action = random.choice(self.explore_actions)
             ids = self.tokenizer.encode(self.response_text(action), add_special_tokens=False)
             ids.append(int(self.tokenizer.eos_token_id))
             generations.append(Generation(ids, [0.0] * len(ids), "stop"))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from typing import Any
 
 import pytest
 
 from lightning_epo.envs.base import EnvPool, StepResult, Task
+from lightning_epo.errors import ConfigError
 from lightning_epo.rollout.collector import EpisodeCollector, Rollout
 from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams
 from lightning_epo.rollout.expert_engine import ExpertEngine
@@ -239,3 +241,28 @@ def test_expert_engine_without_expert_action_fails_clearly(tokenizer):
     engine = ExpertEngine(tokenizer)
     with pytest.raises(ValueError, match="expert_action.*task a"):
         _collect(tokenizer, ScriptedPool(1, with_expert=False), engine, [Task("train", "a", 1)])
+
+
+def test_noisy_expert_plays_a_random_explore_action_at_its_rate(tokenizer):
+    """explore_prob 0 / 1 give only expert / only explore actions; 0.3 gives about 30 % explore actions,
+    the same ones again after reseeding (Python's random, reseeded per RL step)."""
+    infos = [{"expert_action": "good", "task": "a"}] * 400
+    prompts = [[1]] * 400
+
+    def actions(prob):
+        engine = ExpertEngine(tokenizer, explore_prob=prob, explore_actions=["left", "right"])
+        return [tokenizer.decode(g.token_ids[:-1]) for g in engine.generate(prompts, SAMPLING, infos)]
+
+    assert set(actions(0.0)) == {"<action>good</action>"}
+    assert set(actions(1.0)) == {"<action>left</action>", "<action>right</action>"}
+    random.seed(7)
+    noisy = actions(0.3)
+    assert 0.22 < sum(a != "<action>good</action>" for a in noisy) / len(noisy) < 0.38
+    random.seed(7)
+    assert actions(0.3) == noisy
+
+
+@pytest.mark.parametrize("prob,explore,match", [(1.5, ["x"], "in \\[0, 1\\]"), (0.2, [], "explore_actions")])
+def test_noisy_expert_settings_fail_clearly(tokenizer, prob, explore, match):
+    with pytest.raises(ConfigError, match=match):
+        ExpertEngine(tokenizer, explore_prob=prob, explore_actions=explore)
