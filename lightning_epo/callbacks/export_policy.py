@@ -7,7 +7,7 @@ from pathlib import Path
 
 import lightning as L
 
-from lightning_epo.distributed import hf_weights
+from lightning_epo.distributed import hf_weights, zero_stage
 from lightning_epo.models.export import export_policy
 
 log = logging.getLogger(__name__)
@@ -18,7 +18,8 @@ class ExportPolicy(L.Callback):
     (``RUN_DIR/policy``), loadable by a later run with ``model.name_or_path=RUN_DIR/policy``.
 
     A run that stops early (``stop_at_step``, a crash) exports nothing, so the directory only ever holds a
-    finished policy. Every rank takes part (ZeRO-3 shards are gathered one parameter at a time); rank 0 writes.
+    finished policy. Under ZeRO-3 every rank takes part (shards are gathered one parameter at a time into a
+    copy on rank 0); otherwise rank 0 saves the actor's own tensors, with no copy. Rank 0 writes.
     """
 
     def __init__(self, dirpath: str, total_steps: int, enabled: bool = True) -> None:
@@ -32,7 +33,9 @@ class ExportPolicy(L.Callback):
         if pl_module.rl_step < self.total_steps:
             log.info("stopped at RL step %d of %d: no policy exported", pl_module.rl_step, self.total_steps)
             return
-        weights = {name: tensor for name, tensor in hf_weights(pl_module.actor) if trainer.is_global_zero}
+        weights = None
+        if zero_stage(trainer.strategy) == 3:
+            weights = {name: tensor for name, tensor in hf_weights(pl_module.actor) if trainer.is_global_zero}
         if trainer.is_global_zero:
             export_policy(pl_module.actor, trainer.datamodule.tokenizer, self.dirpath, state_dict=weights)
             log.info("exported the policy to %s", self.dirpath)
