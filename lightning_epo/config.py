@@ -20,7 +20,7 @@ def _int(cfg: DictConfig, key: str, minimum: int = 1, optional: bool = False) ->
     if value is None and optional:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}")
+        raise ConfigError(f"{key} must be an integer >= {minimum}{' or null' if optional else ''}, got {value!r}")
 
 
 def _lookup(cfg: DictConfig, dotted: str):
@@ -42,6 +42,7 @@ def validate(cfg: DictConfig) -> None:
     _int(cfg, "test_every")
     _int(cfg, "seed", minimum=0)
     _int(cfg, "stop_at_step", optional=True)
+    _int(cfg, "optim.max_skipped_streak", optional=True)
     if cfg.stop_at_step is not None and cfg.stop_at_step > cfg.total_steps:
         raise ConfigError(f"stop_at_step={cfg.stop_at_step} is beyond total_steps={cfg.total_steps}")
     for key in ("env.max_turns", "env.history_length", "data.episodes_per_step", "algo.group_size", "algo.ppo_epochs",

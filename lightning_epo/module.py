@@ -41,7 +41,7 @@ from lightning_epo.algos.aggregation import turn_and_trajectory_counts
 from lightning_epo.algos.objective import ObjectiveSettings, StepTargets, epo_objective
 from lightning_epo.distributed import accumulation_boundary, hf_zero3_config, is_deepspeed
 from lightning_epo.entropy_panels import entropy_panel_sums
-from lightning_epo.errors import ConfigError, UserError
+from lightning_epo.errors import UserError
 from lightning_epo.models.loading import load_actor, load_critic, load_reference
 from lightning_epo.models.policy_outputs import actor_token_outputs
 from lightning_epo.optim import build_optimizer, build_scheduler
@@ -74,9 +74,6 @@ class EPOModule(L.LightningModule):
         super().__init__()
         # plain containers in the checkpoint: Lightning resumes with torch.load(weights_only=True)
         model, algo, optim = (OmegaConf.to_container(c, resolve=True) for c in (model, algo, optim))
-        streak = optim.get("max_skipped_streak")
-        if streak is not None and (not isinstance(streak, int) or isinstance(streak, bool) or streak < 1):
-            raise ConfigError(f"optim.max_skipped_streak must be an integer >= 1 or null, got {streak!r}")
         eval_splits = list(eval_splits)
         self.save_hyperparameters()
         self.automatic_optimization = False
@@ -365,9 +362,7 @@ class EPOModule(L.LightningModule):
         targets = self._step_targets(batch, old)
         terms, optimizer_steps = self._ppo_update(batch, targets, settings)
         self.lr_schedulers().step()
-        self._log_step(batch, old, terms, settings, update_s=time.perf_counter() - start)
-        if self.algo.get("target_kl") is not None:
-            self._log_scalar("ppo/optimizer_steps", optimizer_steps, "max")
+        self._log_step(batch, old, terms, settings, update_s=time.perf_counter() - start, optimizer_steps=optimizer_steps)
         self.rl_step += 1
 
     # ----------------------------------------------------------------- logging
@@ -382,7 +377,8 @@ class EPOModule(L.LightningModule):
         )
 
     def _log_step(
-        self, batch: RolloutBatch, old: dict[str, torch.Tensor], terms: dict[str, float], s: ObjectiveSettings, update_s: float
+        self, batch: RolloutBatch, old: dict[str, torch.Tensor], terms: dict[str, float], s: ObjectiveSettings,
+        update_s: float, optimizer_steps: int,
     ) -> None:
         log = self._log_scalar
         for name, value in batch.stats.items():  # per-rank rollout stats: counts add up, rates average
@@ -392,6 +388,8 @@ class EPOModule(L.LightningModule):
                 log(f"loss/{name}", terms[name], "sum")
         log("ppo/clipfrac", terms["clipfrac"], "sum")
         log("ppo/approx_kl", terms["approx_kl"], "sum")
+        if self.algo.get("target_kl") is not None:  # without a target it is always ppo_epochs * mini_batches
+            log("ppo/optimizer_steps", optimizer_steps, "max")
         log("perf/update_s", update_s)
         log("train/lr", self.lr_schedulers().get_last_lr()[0])
         log("train/skipped_steps", self.skipped_steps)

@@ -100,6 +100,11 @@ def check_machine(cfg: DictConfig) -> None:
                 f"trainer.strategy.offload_optimizer=true runs the optimizer on the CPU: set "
                 f"optim.optimizer._target_={CPU_ADAM}"
             )
+        if cfg.algo.get("target_kl") is not None:
+            raise ConfigError(
+                "algo.target_kl skips an optimizer step after its backward pass, which DeepSpeed's engine does not "
+                "allow for (untested): set algo.target_kl=null, or use trainer=gpu / ddp"
+            )
         if strategy.stage == 3 and "hf_engine" in str(cfg.rollout.engine.get("_target_")):
             raise ConfigError(
                 "trainer=deepspeed_stage_3 shards the actor's weights over ranks, which rollout=hf cannot sample "

@@ -61,3 +61,5 @@ def test_deepspeed_requirements_are_checked_before_anything_is_built(compose_cfg
         check_machine(compose_cfg("trainer=deepspeed_stage_3", "trainer.strategy.offload_optimizer=true"))
     with pytest.raises(UserError, match="use rollout=vllm"):
         check_machine(compose_cfg("trainer=deepspeed_stage_3"))
+    with pytest.raises(UserError, match="set algo.target_kl=null"):
+        check_machine(compose_cfg("trainer=deepspeed_stage_2", "algo.target_kl=0.02"))

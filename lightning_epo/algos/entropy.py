@@ -41,9 +41,9 @@ class _LogprobEntropy(torch.autograd.Function):
         if g_lp is None and g_h is None:
             return None, None, None
         grad = torch.empty_like(logits)
+        in_place = grad.dtype == torch.float32  # write straight into the gradient, no float32 copy
         for start in range(0, logits.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
-            in_place = grad.dtype == torch.float32  # write straight into the gradient, no float32 copy
             d = torch.sub(logits[rows].float(), lse[rows, None], out=grad[rows] if in_place else None)  # log p
             if g_h is None:
                 d.exp_().mul_(-g_lp[rows, None])  # -g_lp p

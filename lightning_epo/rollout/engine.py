@@ -12,6 +12,22 @@ from typing import Any
 
 import torch
 
+from lightning_epo.errors import UserError
+
+
+def stop_token_ids(tokenizer: Any, config_eos: int | list[int] | None, extra: list[int] | None) -> list[int]:
+    """The ids that end a response (sorted, unique): the tokenizer's eos, the checkpoint's
+    ``generation_config.eos_token_id`` (one id or several, e.g. Qwen2.5's ``<|im_end|>`` and
+    ``<|endoftext|>``) and ``extra`` (``rollout.engine.stop_token_ids``)."""
+    ids = {int(i) for i in extra or []}
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    if config_eos is not None:
+        ids.update(int(i) for i in ([config_eos] if isinstance(config_eos, int) else config_eos))
+    if not ids:
+        raise UserError("the engine has no stop token: the tokenizer has no eos token; set rollout.engine.stop_token_ids")
+    return sorted(ids)
+
 
 @dataclass(frozen=True)
 class SamplingParams:

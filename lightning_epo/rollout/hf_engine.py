@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams
+from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams, stop_token_ids
 
 
 class HFEngine(GenerationEngine):
@@ -48,16 +48,9 @@ class HFEngine(GenerationEngine):
         self.model = actor
 
     def stop_ids(self) -> list[int]:
-        """The token ids that end a response (sorted, unique)."""
-        ids = set(self.extra_stop_ids)
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
+        """The token ids that end a response (sorted, unique; :func:`~lightning_epo.rollout.engine.stop_token_ids`)."""
         config_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        if config_eos is not None:
-            ids.update(int(i) for i in ([config_eos] if isinstance(config_eos, int) else config_eos))
-        if not ids:
-            raise ValueError("HFEngine has no stop token: the tokenizer has no eos token; set rollout.stop_token_ids")
-        return sorted(ids)
+        return stop_token_ids(self.tokenizer, config_eos, self.extra_stop_ids)
 
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams, infos: list[dict[str, Any]] | None = None

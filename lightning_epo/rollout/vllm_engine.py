@@ -33,7 +33,7 @@ import torch
 from lightning_epo.distributed import hf_weights
 from lightning_epo.errors import UserError
 from lightning_epo.models.loading import model_source
-from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams
+from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams, stop_token_ids
 
 VLLM_MISSING = (
     "rollout=vllm needs vLLM, a CUDA-only extra with its own torch: on a CUDA machine run "
@@ -57,23 +57,14 @@ def _load_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> N
 
 
 def engine_stop_ids(tokenizer: Any, source: str, extra: list[int] | None) -> list[int]:
-    """Tokenizer eos, the checkpoint's ``generation_config`` eos ids and ``extra`` (sorted, unique)."""
+    """:func:`~lightning_epo.rollout.engine.stop_token_ids` with the eos ids of the checkpoint at ``source``."""
     from transformers import GenerationConfig
 
-    ids = {int(i) for i in extra or []}
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
     try:
         config_eos = GenerationConfig.from_pretrained(source).eos_token_id
     except OSError:  # no generation_config.json
         config_eos = None
-    if config_eos is not None:
-        ids.update(int(i) for i in ([config_eos] if isinstance(config_eos, int) else config_eos))
-    if not ids:
-        raise UserError(
-            "the vLLM engine has no stop token: the tokenizer has no eos token; set rollout.engine.stop_token_ids"
-        )
-    return sorted(ids)
+    return stop_token_ids(tokenizer, config_eos, extra)
 
 
 def to_generation(completion: Any) -> Generation:

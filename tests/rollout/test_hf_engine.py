@@ -108,6 +108,17 @@ def test_stop_ids_include_tokenizer_and_model_eos(tokenizer, model):
     assert engine.stop_ids() == sorted({7, tokenizer.eos_token_id, model.generation_config.eos_token_id})
 
 
+def test_no_stop_token_at_all_is_one_error_naming_the_setting():
+    from types import SimpleNamespace
+
+    from lightning_epo.errors import UserError
+    from lightning_epo.rollout.engine import stop_token_ids
+
+    with pytest.raises(UserError, match="set rollout.engine.stop_token_ids"):
+        stop_token_ids(SimpleNamespace(eos_token_id=None), None, None)
+    assert stop_token_ids(SimpleNamespace(eos_token_id=None), [3, 1], [1, 5]) == [1, 3, 5]
+
+
 @pytest.mark.parametrize("was_training", [True, False])
 def test_generates_in_eval_mode_and_restores_training_mode(tokenizer, model, prompts, was_training):
     seen = []
