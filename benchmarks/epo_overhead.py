@@ -93,6 +93,7 @@ def synthetic_batch(w: Workload, vocab: int, seed: int = 0) -> RolloutBatch:
         group_ids=traj_ids,
         turn_rewards=torch.zeros(w.rows),
         episode_returns=torch.zeros(w.rows),
+        state_ids=torch.arange(w.rows),
     )
 
 

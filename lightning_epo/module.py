@@ -203,6 +203,7 @@ class EPOModule(L.LightningModule):
             turn_idx=batch.turn_idx,
             group_ids=batch.group_ids,
             values=old.get("old_values"),
+            state_ids=batch.state_ids,
         )
         advantages, returns = ADVANTAGES.get(self.algo.advantage)(inputs, **self.algo.get(self.algo.advantage, {}))
         if self.algo.whiten_advantages:

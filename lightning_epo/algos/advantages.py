@@ -21,7 +21,8 @@ class AdvantageInputs:
     """One RL step's batch as the estimators see it.
 
     mask ``[N, L]``; turn_rewards, episode_returns, traj_ids, turn_idx, group_ids ``[N]``;
-    values ``[N, L]`` (old critic values, PPO only).
+    values ``[N, L]`` (old critic values, PPO only); state_ids ``[N]`` (GiGPO's anchor states: rows with
+    the same id were played from the same environment state of the same group).
     """
 
     mask: torch.Tensor
@@ -31,6 +32,7 @@ class AdvantageInputs:
     turn_idx: torch.Tensor
     group_ids: torch.Tensor
     values: torch.Tensor | None = None
+    state_ids: torch.Tensor | None = None
 
 
 def _agent_token_sequences(inp: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -97,6 +99,22 @@ def gae_advantages(inp: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0) -
     return advantages, returns
 
 
+def group_normalised(scores: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6, norm_by_std: bool = True) -> torch.Tensor:
+    """``(s - mean_g s) / (std_g s + eps)`` within each group ``g`` (``norm_by_std=False``: ``s - mean_g s``).
+
+    ``scores`` and ``groups`` are ``[M]``; a group of one scores 0. Returns ``[M]`` float32.
+    """
+    scores = scores.float()
+    out = torch.zeros_like(scores)
+    for g in torch.unique(groups):
+        members = groups == g
+        s = scores[members]
+        centred = s - s.mean()
+        std = s.std() if s.numel() > 1 else s.new_zeros(())
+        out[members] = centred / (std + eps) if norm_by_std else centred
+    return out
+
+
 @ADVANTAGES.register("grpo")
 def grpo_advantages(
     inp: AdvantageInputs, eps: float = 1e-6, norm_by_std: bool = True
@@ -112,16 +130,46 @@ def grpo_advantages(
     a_row_of_traj = torch.zeros(len(traj_unique), dtype=torch.long, device=row_to_traj.device).scatter(
         0, row_to_traj, torch.arange(len(row_to_traj), device=row_to_traj.device)
     )
-    traj_return = inp.episode_returns.float()[a_row_of_traj]
-    traj_group = inp.group_ids[a_row_of_traj]
-    adv_traj = torch.zeros_like(traj_return)
-    for g in torch.unique(traj_group):
-        members = traj_group == g
-        r = traj_return[members]
-        centred = r - r.mean()
-        std = r.std() if r.numel() > 1 else r.new_zeros(())
-        adv_traj[members] = centred / (std + eps) if norm_by_std else centred
+    adv_traj = group_normalised(
+        inp.episode_returns[a_row_of_traj], inp.group_ids[a_row_of_traj], eps, norm_by_std
+    )
     return adv_traj[row_to_traj][:, None] * inp.mask.float(), None
+
+
+def discounted_turn_returns(turn_rewards: torch.Tensor, traj_ids: torch.Tensor, turn_idx: torch.Tensor, gamma: float) -> torch.Tensor:
+    """``R_t = sum_{k >= t} gamma^(k-t) r_k`` over the turns of each trajectory (GiGPO's step return).
+
+    All arguments are ``[N]`` (one entry per turn row, any order); returns ``[N]`` float32.
+    """
+    returns = torch.zeros(turn_rewards.shape, dtype=torch.float32, device=turn_rewards.device)
+    order = sorted(range(len(traj_ids)), key=lambda r: (int(traj_ids[r]), -int(turn_idx[r])))
+    running, current = 0.0, None
+    for r in order:
+        if traj_ids[r] != current:
+            running, current = 0.0, traj_ids[r]
+        running = float(turn_rewards[r]) + gamma * running
+        returns[r] = running
+    return returns
+
+
+@ADVANTAGES.register("gigpo")
+def gigpo_advantages(
+    inp: AdvantageInputs, gamma: float = 0.95, step_weight: float = 1.0, eps: float = 1e-6, norm_by_std: bool = True
+) -> tuple[torch.Tensor, None]:
+    """GiGPO (Feng et al. 2025): GRPO's episode advantage plus a step advantage over anchor states.
+
+    ``A = A^E + step_weight * A^S``: ``A^E`` is :func:`grpo_advantages`; ``A^S`` group-normalises each
+    turn's discounted return (:func:`discounted_turn_returns`) among the turns played from the same
+    environment state within the same group (``state_ids``); a state seen once gets ``A^S = 0`` (verl-agent's
+    code keeps such a turn's raw return, its mean-0 / std-1 rule for groups of one).
+    The sum is broadcast to the turn's response tokens. Returns ``advantages [N, L]`` and ``None``.
+    """
+    if inp.state_ids is None:
+        raise ValueError("algo.advantage=gigpo needs state_ids (the batch's anchor states)")
+    episode, _ = grpo_advantages(inp, eps, norm_by_std)
+    step_returns = discounted_turn_returns(inp.turn_rewards, inp.traj_ids, inp.turn_idx, gamma)
+    step = group_normalised(step_returns, inp.state_ids, eps, norm_by_std)
+    return episode + step_weight * step[:, None] * inp.mask.float(), None
 
 
 def entropy_shaped_advantage(

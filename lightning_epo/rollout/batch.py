@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from lightning_epo.rollout.episode import Episode
+from lightning_epo.rollout.episode import Episode, TurnSample
 
 
 @dataclass
@@ -15,6 +15,7 @@ class RolloutBatch:
 
     input_ids, attention_mask, response_mask: ``[N, L]`` (response_mask is 1 only on generated tokens);
     traj_ids, turn_idx, group_ids: ``[N]`` long; turn_rewards, episode_returns: ``[N]`` float;
+    state_ids: ``[N]`` long, the same for rows of one group played from the same observation (GiGPO's anchors);
     ``stats``: rollout metrics (``train/*``, ``perf/*``) already reduced to floats for this rank.
     """
 
@@ -26,6 +27,7 @@ class RolloutBatch:
     group_ids: torch.Tensor
     turn_rewards: torch.Tensor
     episode_returns: torch.Tensor
+    state_ids: torch.Tensor
     stats: dict[str, float] = field(default_factory=dict)
     episodes: list[Episode] = field(default_factory=list)
 
@@ -52,7 +54,7 @@ class RolloutBatch:
 
 def collate_episodes(episodes: list[Episode], pad_token_id: int, stats: dict[str, float] | None = None) -> RolloutBatch:
     """Stack every turn of ``episodes`` into a right-padded :class:`RolloutBatch` (token in, token out:
-    the rows hold exactly the engine's ids)."""
+    the rows hold exactly the engine's ids). A turn with ``learned=False`` keeps its row, with no response mask."""
     turns = [t for ep in episodes for t in ep.turns]
     if not turns:
         raise ValueError("the rollout produced no agent turns: check env.max_turns and the task split")
@@ -64,7 +66,7 @@ def collate_episodes(episodes: list[Episode], pad_token_id: int, stats: dict[str
         p, r = len(t.prompt_ids), len(t.response_ids)
         input_ids[row, : p + r] = torch.tensor(t.prompt_ids + t.response_ids, dtype=torch.long)
         attention_mask[row, : p + r] = 1
-        response_mask[row, p : p + r] = True
+        response_mask[row, p : p + r] = t.learned
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -74,6 +76,14 @@ def collate_episodes(episodes: list[Episode], pad_token_id: int, stats: dict[str
         group_ids=torch.tensor([t.group_id for t in turns], dtype=torch.long),
         turn_rewards=torch.tensor([t.reward for t in turns], dtype=torch.float32),
         episode_returns=torch.tensor([t.episode_return for t in turns], dtype=torch.float32),
+        state_ids=anchor_state_ids(turns),
         stats=dict(stats or {}),
         episodes=episodes,
     )
+
+
+def anchor_state_ids(turns: list[TurnSample]) -> torch.Tensor:
+    """``[N]`` ids numbering the distinct (group, observation the turn was played from) pairs in order of
+    first appearance: GiGPO's anchor states, exact text matches within a group of rollouts of one task."""
+    ids: dict[tuple[int, str], int] = {}
+    return torch.tensor([ids.setdefault((t.group_id, t.observation), len(ids)) for t in turns], dtype=torch.long)

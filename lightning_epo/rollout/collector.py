@@ -165,6 +165,7 @@ class EpisodeCollector:
             turn_idx=run.episode.num_turns,
             group_id=run.episode.group_id,
             response_truncated=generation.finish_reason == "length",
+            learned=generation.learned,
             response_logprobs=list(generation.logprobs),
             task=run.episode.task,
             response_text=text,

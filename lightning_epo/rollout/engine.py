@@ -38,11 +38,16 @@ class SamplingParams:
 
 @dataclass
 class Generation:
-    """One sampled response. ``finish_reason`` is ``stop`` (an end token) or ``length`` (the cap)."""
+    """One sampled response. ``finish_reason`` is ``stop`` (an end token) or ``length`` (the cap).
+
+    ``learned=False`` marks a response that is played but must not be trained on (a noisy expert's
+    exploratory action: DART learns the expert's answers at the states the noise leads to, not the noise).
+    """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    learned: bool = True
 
 
 class GenerationEngine(abc.ABC):

@@ -11,7 +11,8 @@ class TurnSample:
 
     ``reward`` is the turn's own reward (environment reward plus any invalid-action penalty);
     ``episode_return`` the sum of the turn rewards of its episode; ``won`` the episode's true success.
-    ``response_truncated`` is True when the response hit the length limit.
+    ``response_truncated`` is True when the response hit the length limit. ``learned=False`` (a noisy
+    expert's exploratory turn) keeps the turn in the episode but gives its row no response mask.
     The text fields are for logging samples only; training uses the token ids.
     """
 
@@ -24,6 +25,7 @@ class TurnSample:
     episode_return: float = 0.0
     won: bool = False
     response_truncated: bool = False
+    learned: bool = True
     action_valid: bool = True
     episode_truncated: bool = False
     response_logprobs: list[float] | None = None

@@ -8,7 +8,9 @@ sampled from a model.
 ``explore_prob > 0`` makes it a noisy expert (DART, Laskey et al. 2017): each turn, with that probability,
 it answers with an action drawn uniformly from ``explore_actions`` (e.g. the four moves, walls included)
 instead of the expert's, so a warm start on its episodes also sees off-path states ("Nothing happens.")
-followed by the expert's recovery. Draws use Python's ``random``, reseeded at every RL step.
+followed by the expert's recovery. The exploratory turns are played but not learned from
+(``Generation.learned=False``: no response mask), so the warm start imitates only the expert's answers.
+Draws use Python's ``random``, reseeded at every RL step.
 """
 
 from __future__ import annotations
@@ -57,9 +59,10 @@ class ExpertEngine(GenerationEngine):
                     f"{info.get('task', '?')!r}; "
                     "use an env whose info carries its expert's next action, or rollout=hf"
                 )
-            if self.explore_prob > 0 and random.random() < self.explore_prob:
+            explored = self.explore_prob > 0 and random.random() < self.explore_prob
+            if explored:
                 action = random.choice(self.explore_actions)
             ids = self.tokenizer.encode(self.response_text(action), add_special_tokens=False)
             ids.append(int(self.tokenizer.eos_token_id))
-            generations.append(Generation(ids, [0.0] * len(ids), "stop"))
+            generations.append(Generation(ids, [0.0] * len(ids), "stop", learned=not explored))
         return generations

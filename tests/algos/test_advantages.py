@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from lightning_epo.algos import ADVANTAGES, AdvantageInputs, entropy_shaped_advantage
-from lightning_epo.algos.advantages import last_token_rewards
+from lightning_epo.algos.advantages import discounted_turn_returns, last_token_rewards
 
 
 def make_batch():
@@ -90,6 +90,48 @@ def test_grpo_normalises_within_groups_counting_each_trajectory_once():
     assert torch.allclose(adv_dr[0], torch.full((2,), 5.0))
 
 
+def gigpo_batch():
+    """One group, two trajectories of two one-token turns. Both start from observation 0; traj 0 then
+    sees state 1 and wins (rewards 0, 10), traj 1 sees state 2 after an invalid action (-0.1, 0)."""
+    return AdvantageInputs(
+        mask=torch.ones(4, 1, dtype=torch.bool),
+        turn_rewards=torch.tensor([0.0, 10.0, -0.1, 0.0]),
+        episode_returns=torch.tensor([10.0, 10.0, -0.1, -0.1]),
+        traj_ids=torch.tensor([0, 0, 1, 1]),
+        turn_idx=torch.tensor([0, 1, 0, 1]),
+        group_ids=torch.tensor([0, 0, 0, 0]),
+        state_ids=torch.tensor([0, 1, 0, 2]),
+    )
+
+
+def test_discounted_turn_returns_follow_turn_order_not_row_order():
+    inp = gigpo_batch()
+    shuffled = torch.tensor([3, 1, 0, 2])
+    returns = discounted_turn_returns(
+        inp.turn_rewards[shuffled], inp.traj_ids[shuffled], inp.turn_idx[shuffled], gamma=0.5
+    )
+    assert torch.allclose(returns, torch.tensor([5.0, 10.0, -0.1, 0.0])[shuffled])
+
+
+def test_gigpo_adds_a_step_advantage_over_shared_states():
+    """A^E = +-1/sqrt(2) per trajectory; the shared start state compares R_0 = 0.95*10 with -0.1
+    (A^S = +-1/sqrt(2)); the states seen once get A^S = 0."""
+    inp = gigpo_batch()
+    adv, ret = ADVANTAGES.get("gigpo")(inp, gamma=0.95, step_weight=1.0)
+    half = 2**-0.5
+    assert ret is None
+    assert torch.allclose(adv.squeeze(-1), torch.tensor([2 * half, half, -2 * half, -half]), atol=1e-5)
+    adv_episode_only, _ = ADVANTAGES.get("gigpo")(inp, step_weight=0.0)
+    assert torch.equal(adv_episode_only, ADVANTAGES.get("grpo")(inp)[0])
+
+
+def test_gigpo_without_state_ids_says_what_is_missing():
+    inp = gigpo_batch()
+    inp.state_ids = None
+    with pytest.raises(ValueError, match="state_ids"):
+        ADVANTAGES.get("gigpo")(inp)
+
+
 def test_gae_without_critic_says_what_to_do():
     inp = make_batch()
     inp.values = None
@@ -106,5 +148,5 @@ def test_entropy_shaped_advantage_is_capped_and_keeps_sign():
 
 
 def test_unknown_estimator_lists_valid_names():
-    with pytest.raises(KeyError, match="gae, grpo"):
+    with pytest.raises(KeyError, match="gae, gigpo, grpo"):
         ADVANTAGES.get("vtrace")

@@ -11,7 +11,7 @@ import torch
 from lightning_epo.run import run
 
 FAST = ["debug=fast", "logger=csv", "~callbacks.progress_bar"]
-ALGOS = ["ppo", "grpo", "ppo_epo", "grpo_epo", "ppo_epo_base", "ppo_epo_const_beta", "ppo_epo_decay", "ppo_ea", "sft"]
+ALGOS = ["ppo", "grpo", "ppo_epo", "grpo_epo", "gigpo", "gigpo_epo", "ppo_epo_base", "ppo_epo_const_beta", "ppo_epo_decay", "ppo_ea", "sft"]
 
 
 def load_ckpt(path):

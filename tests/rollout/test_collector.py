@@ -9,7 +9,10 @@ from typing import Any
 import pytest
 
 from lightning_epo.envs.base import EnvPool, StepResult, Task
+from lightning_epo.envs.gridworld import GridworldSuite
+from lightning_epo.envs.sync_pool import SyncEnvPool
 from lightning_epo.errors import ConfigError
+from lightning_epo.rollout.batch import collate_episodes
 from lightning_epo.rollout.collector import EpisodeCollector, Rollout
 from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams
 from lightning_epo.rollout.expert_engine import ExpertEngine
@@ -266,3 +269,24 @@ def test_noisy_expert_plays_a_random_explore_action_at_its_rate(tokenizer):
 def test_noisy_expert_settings_fail_clearly(tokenizer, prob, explore, match):
     with pytest.raises(ConfigError, match=match):
         ExpertEngine(tokenizer, explore_prob=prob, explore_actions=explore)
+
+
+def test_noisy_expert_turns_are_played_but_only_the_expert_turns_are_learned(tokenizer):
+    """DART: an exploratory turn stays in the episode (it moved the agent) but its row has no response
+    mask; every row that is trained on holds the expert's answer for the state it was played in."""
+    suite = GridworldSuite(num_train_tasks=8)
+    engine = ExpertEngine(tokenizer, explore_prob=0.5, explore_actions=["go north", "go south", "go east", "go west"])
+    random.seed(3)
+    rollout = _collect(tokenizer, SyncEnvPool(suite, 8), engine, suite.tasks("train"), max_turns=12)
+    turns = [t for ep in rollout.episodes for t in ep.turns]
+    batch = collate_episodes(rollout.episodes, pad_token_id=tokenizer.pad_token_id)
+
+    assert {t.learned for t in turns} == {True, False}
+    assert batch.response_mask.any(-1).tolist() == [t.learned for t in turns]
+    for task, episode in zip(suite.tasks("train"), rollout.episodes):
+        env = suite.make_env()
+        _, info = env.reset(task)
+        for turn in episode.turns:
+            if turn.learned:
+                assert turn.action == info["expert_action"]
+            _, _, _, info = env.step(turn.action)
