@@ -1,10 +1,11 @@
-"""``experiment=gridworld_learn`` learns on a CPU: the issue's bar, as a user runs it (slow: about 2 x 15 minutes).
+"""``experiment=gridworld_learn`` learns on a CPU: the issue's bar, as a user runs it (slow: about 12 + 6 minutes).
 
     .venv/bin/python -m pytest -m slow tests/integration/test_learning.py
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from lightning_epo.run_history import load_history
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET_S = 15 * 60
+RL_MARGIN = 0.05  # above the control's final IID success: more than the noise of a 100-task evaluation
 pytestmark = pytest.mark.slow
 
 
@@ -32,7 +34,9 @@ def first_and_last(history: dict, metric: str) -> tuple[float, float]:
     return points[0][1], points[-1][1]
 
 
-def test_rl_lifts_the_warm_start_to_80_percent_within_15_minutes(tmp_path):
+def test_rl_lifts_the_warm_start_to_80_percent_within_15_minutes_and_beats_its_control(tmp_path):
+    """The issue's bar, and that the rise comes from RL: the lr=0 control (same warm start, reused) stays
+    near its start, and the learning run ends above it by more than the evaluation's noise (about 0.04)."""
     history, wall_s = train(tmp_path / "learn")
     iid_start, iid_end = first_and_last(history, "val/iid/success")
     ood_start, ood_end = first_and_last(history, "val/ood/success")
@@ -40,8 +44,9 @@ def test_rl_lifts_the_warm_start_to_80_percent_within_15_minutes(tmp_path):
     assert iid_end >= 0.8 and iid_end > iid_start, (iid_start, iid_end)
     assert ood_end > ood_start, (ood_start, ood_end)
 
-
-def test_control_with_rl_learning_rate_0_stays_at_the_warm_start(tmp_path):
-    history, _ = train(tmp_path / "control", "optim.actor_lr=0")
-    iid_start, iid_end = first_and_last(history, "val/iid/success")
-    assert abs(iid_end - iid_start) <= 0.1, (iid_start, iid_end)
+    shutil.copytree(tmp_path / "learn" / "warm_start", tmp_path / "control" / "warm_start")
+    control, _ = train(tmp_path / "control", "optim.actor_lr=0")
+    control_start, control_end = first_and_last(control, "val/iid/success")
+    assert control_start == iid_start, "the control must start from the same warm start"
+    assert abs(control_end - control_start) <= 0.1, (control_start, control_end)
+    assert iid_end - control_end >= RL_MARGIN, f"RL {iid_end:.2f} vs control {control_end:.2f}"
