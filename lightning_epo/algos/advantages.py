@@ -141,15 +141,15 @@ def discounted_turn_returns(turn_rewards: torch.Tensor, traj_ids: torch.Tensor, 
 
     All arguments are ``[N]`` (one entry per turn row, any order); returns ``[N]`` float32.
     """
-    returns = torch.zeros(turn_rewards.shape, dtype=torch.float32, device=turn_rewards.device)
-    order = sorted(range(len(traj_ids)), key=lambda r: (int(traj_ids[r]), -int(turn_idx[r])))
+    rewards, trajs, turns = turn_rewards.tolist(), traj_ids.tolist(), turn_idx.tolist()
+    returns = [0.0] * len(rewards)
     running, current = 0.0, None
-    for r in order:
-        if traj_ids[r] != current:
-            running, current = 0.0, traj_ids[r]
-        running = float(turn_rewards[r]) + gamma * running
+    for r in sorted(range(len(rewards)), key=lambda r: (trajs[r], -turns[r])):  # each trajectory, last turn first
+        if trajs[r] != current:
+            running, current = 0.0, trajs[r]
+        running = rewards[r] + gamma * running
         returns[r] = running
-    return returns
+    return torch.tensor(returns, dtype=torch.float32, device=turn_rewards.device)
 
 
 @ADVANTAGES.register("gigpo")
