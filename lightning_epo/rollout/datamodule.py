@@ -18,6 +18,7 @@ from lightning_epo.models.loading import load_tokenizer
 from lightning_epo.rollout.batch import RolloutBatch, collate_episodes
 from lightning_epo.rollout.collector import EpisodeCollector, Rollout
 from lightning_epo.rollout.engine import GenerationEngine, SamplingParams
+from lightning_epo.rollout.group_filter import keep_mixed_groups, mixed_group_share
 from lightning_epo.rollout.progress_log import rollout_done_line
 from lightning_epo.rollout.prompts import PromptBuilder
 
@@ -102,8 +103,10 @@ def _as_is(item: Any) -> Any:
 
 
 class RolloutDataModule(L.LightningDataModule):
-    """Streams rollouts: a training batch = ``groups_per_step * group_size`` episodes (one RL step);
-    evaluation = ``val_size`` episodes per split, a deterministic sample for the seed."""
+    """Streams rollouts: a training batch = ``groups_per_step * group_size`` episodes (one RL step; with
+    ``oversample = m``, the ``groups_per_step`` kept of ``m`` times as many collected, mixed-outcome groups
+    first: lightning_epo/rollout/group_filter.py); evaluation = ``val_size`` episodes per split, a
+    deterministic sample for the seed."""
 
     def __init__(
         self,
@@ -125,6 +128,7 @@ class RolloutDataModule(L.LightningDataModule):
         max_prompt_tokens: int = 2048,
         seed: int = 0,
         val_engine: Callable[..., GenerationEngine] | None = None,
+        oversample: int = 1,
     ) -> None:
         super().__init__()
         if episodes_per_step % group_size:
@@ -132,13 +136,16 @@ class RolloutDataModule(L.LightningDataModule):
                 f"data.episodes_per_step={episodes_per_step} is not a multiple of algo.group_size={group_size}: "
                 "a GRPO group must stay whole"
             )
+        if not isinstance(oversample, int) or oversample < 1:
+            raise ValueError(f"data.oversample must be an integer >= 1 (1: no dynamic sampling), got {oversample!r}")
         self.suite, self.make_pool, self.make_engine, self.model_cfg = suite, pool, engine, model
         self.make_val_engine = val_engine  # None: evaluate with the training engine
         self.env_name, self.max_turns, self.history_length, self.think = env_name, max_turns, history_length, think
         self.eval_splits, self.val_size, self.seed = list(eval_splits), val_size, seed
         self.train_sampling, self.val_sampling = SamplingParams(**train_sampling), SamplingParams(**val_sampling)
         self.invalid_action_penalty, self.max_prompt_tokens = invalid_action_penalty, max_prompt_tokens
-        self.sampler = TaskSampler([], seed, episodes_per_step // group_size, group_size)
+        self.groups_per_step, self.oversample = episodes_per_step // group_size, oversample
+        self.sampler = TaskSampler([], seed, self.groups_per_step * oversample, group_size)
         self.engine: GenerationEngine | None = None
         self.val_engine: GenerationEngine | None = None
         self.pool: EnvPool | None = None
@@ -211,8 +218,12 @@ class RolloutDataModule(L.LightningDataModule):
         wall_s = time.perf_counter() - start
         if rank == 0:
             log.info(rollout_done_line(step, rollout, wall_s))
-        stats = rollout_stats(rollout, wall_s=wall_s)
-        return collate_episodes(rollout.episodes, self.tokenizer.pad_token_id, stats)
+        stats = rollout_stats(rollout, wall_s=wall_s)  # over every collected episode: the policy's own level
+        episodes = rollout.episodes
+        if self.oversample > 1:
+            stats["train/mixed_groups"] = mixed_group_share(episodes)
+            episodes = keep_mixed_groups(episodes, self.groups_per_step)
+        return collate_episodes(episodes, self.tokenizer.pad_token_id, stats)
 
     def eval_batch(self, split: str) -> EvalBatch:
         rank, world = self._rank()
