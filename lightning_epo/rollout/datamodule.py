@@ -53,9 +53,14 @@ class TaskSampler:
 
 def validation_sample(tasks: list[Task], size: int | None, seed: int) -> list[Task]:
     """``size`` tasks of a split, spread over task families round-robin, shuffled inside each family by
-    ``seed`` only: the same episodes for every run and algorithm with that seed. ``None``: all tasks."""
-    if size is None or size >= len(tasks):
+    ``seed`` only: the same episodes for every run and algorithm with that seed. ``None``: all tasks.
+    A ``size`` above the split's task count plays every task ``size // len(tasks)`` times (each a new
+    sampled episode, for a tighter estimate) plus a round-robin sample of the rest."""
+    if size is None or not tasks:
         return list(tasks)
+    if size >= len(tasks):
+        passes, rest = divmod(size, len(tasks))
+        return list(tasks) * passes + validation_sample(tasks, rest, seed)
     families: dict[str, list[Task]] = defaultdict(list)
     for t in tasks:
         families[t.name].append(t)

@@ -19,6 +19,13 @@ def test_validation_sample_is_deterministic_for_a_seed_and_round_robin_over_fami
     assert validation_sample(TASKS, None, seed=0) == TASKS
 
 
+def test_validation_sample_above_the_split_size_plays_every_task_again():
+    """Episodes per split, not tasks: 65 over 31 tasks = every task twice plus 3 round-robin."""
+    sample = validation_sample(TASKS, 65, seed=3)
+    assert sample[:62] == TASKS * 2 and sample[62:] == validation_sample(TASKS, 3, seed=3)
+    assert validation_sample(TASKS, 31, seed=3) == TASKS
+
+
 def test_grpo_groups_share_one_task_and_variation():
     sampler = TaskSampler(TASKS, seed=0, groups_per_step=3, group_size=4)
     tasks, groups = sampler.draw(rank=0)
