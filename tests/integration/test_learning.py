@@ -1,10 +1,11 @@
-"""``experiment=gridworld_learn`` learns on a CPU: the issue's bar, as a user runs it (slow: about 12 + 6 minutes).
+"""``experiment=gridworld_learn`` learns on a CPU: the issue's bar, as a user runs it (slow: about 14 + 7 + 3 minutes).
 
     .venv/bin/python -m pytest -m slow tests/integration/test_learning.py
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,8 @@ from lightning_epo.run_history import load_history
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET_S = 15 * 60
-RL_MARGIN = 0.05  # above the control's final IID success: more than the noise of a 100-task evaluation
+FINAL_EPISODES = 300  # per split for the final comparison: 3 episodes of each task (a 100-task evaluation is +-0.04)
+OOD_MARGIN = 0.05  # RL's final OOD success above the control's (= the warm start's weights)
 pytestmark = pytest.mark.slow
 
 
@@ -28,6 +30,12 @@ def train(run_dir: Path, *args: str) -> tuple[dict, float]:
     return load_history(run_dir), time.monotonic() - start
 
 
+def final_eval(run_dir: Path) -> dict:
+    """The run's last checkpoint evaluated on ``FINAL_EPISODES`` episodes per split (``mode=eval``)."""
+    train(run_dir, "mode=eval", "ckpt_path=last", f"env.val_size={FINAL_EPISODES}")
+    return json.loads((run_dir / "eval.json").read_text())
+
+
 def first_and_last(history: dict, metric: str) -> tuple[float, float]:
     points = history[metric]
     assert points[0][0] == 0, f"{metric}: no evaluation before the first RL step"
@@ -36,7 +44,8 @@ def first_and_last(history: dict, metric: str) -> tuple[float, float]:
 
 def test_rl_lifts_the_warm_start_to_80_percent_within_15_minutes_and_beats_its_control(tmp_path):
     """The issue's bar, and that the rise comes from RL: the lr=0 control (same warm start, reused) stays
-    near its start, and the learning run ends above it by more than the evaluation's noise (about 0.04)."""
+    near its start; on 300 episodes per split the learning run's final policy is no worse than the control
+    on IID tasks and better by ``OOD_MARGIN`` on OOD tasks."""
     history, wall_s = train(tmp_path / "learn")
     iid_start, iid_end = first_and_last(history, "val/iid/success")
     ood_start, ood_end = first_and_last(history, "val/ood/success")
@@ -49,4 +58,7 @@ def test_rl_lifts_the_warm_start_to_80_percent_within_15_minutes_and_beats_its_c
     control_start, control_end = first_and_last(control, "val/iid/success")
     assert control_start == iid_start, "the control must start from the same warm start"
     assert abs(control_end - control_start) <= 0.1, (control_start, control_end)
-    assert iid_end - control_end >= RL_MARGIN, f"RL {iid_end:.2f} vs control {control_end:.2f}"
+
+    learned, held = final_eval(tmp_path / "learn"), final_eval(tmp_path / "control")
+    assert learned["val/iid/success"] >= held["val/iid/success"], (learned, held)
+    assert learned["val/ood/success"] - held["val/ood/success"] >= OOD_MARGIN, (learned, held)
