@@ -45,9 +45,14 @@ def validate(cfg: DictConfig) -> None:
     _int(cfg, "optim.max_skipped_streak", optional=True)
     if cfg.stop_at_step is not None and cfg.stop_at_step > cfg.total_steps:
         raise ConfigError(f"stop_at_step={cfg.stop_at_step} is beyond total_steps={cfg.total_steps}")
-    for key in ("env.max_turns", "env.history_length", "data.episodes_per_step", "algo.group_size", "algo.ppo_epochs",
-                "algo.mini_batches", "algo.micro_batch_size"):
+    for key in ("env.max_turns", "env.history_length", "data.episodes_per_step", "data.oversample", "algo.group_size",
+                "algo.ppo_epochs", "algo.mini_batches", "algo.micro_batch_size"):
         _int(cfg, key, minimum=0 if key == "env.history_length" else 1)
+    if cfg.data.oversample > 1 and cfg.algo.group_size < 2:
+        raise ConfigError(
+            f"data.oversample={cfg.data.oversample} needs algo.group_size >= 2 (one rollout per task never mixes wins "
+            "and losses): raise algo.group_size or set data.oversample=1"
+        )
     algo = cfg.algo
     _choice(algo.advantage, ADVANTAGES.names(), "algo.advantage")
     _choice(algo.policy_loss, POLICY_LOSSES.names(), "algo.policy_loss")

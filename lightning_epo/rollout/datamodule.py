@@ -141,8 +141,6 @@ class RolloutDataModule(L.LightningDataModule):
                 f"data.episodes_per_step={episodes_per_step} is not a multiple of algo.group_size={group_size}: "
                 "a GRPO group must stay whole"
             )
-        if not isinstance(oversample, int) or oversample < 1:
-            raise ValueError(f"data.oversample must be an integer >= 1 (1: no dynamic sampling), got {oversample!r}")
         self.suite, self.make_pool, self.make_engine, self.model_cfg = suite, pool, engine, model
         self.make_val_engine = val_engine  # None: evaluate with the training engine
         self.env_name, self.max_turns, self.history_length, self.think = env_name, max_turns, history_length, think

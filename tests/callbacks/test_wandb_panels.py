@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 from omegaconf import OmegaConf
@@ -97,6 +98,18 @@ def test_two_rl_steps_log_every_metric_to_wandb_files(compose_cfg, tmp_path, wan
     assert samples[0]["task"] in turn["prompt"] and isinstance(samples[0]["won"], bool)
 
 
+def wait_for_exit_record(run_dir, timeout_s: float = 30.0) -> None:
+    """``run.finish()`` can return before wandb's service has written the file out (seen under a loaded CPU):
+    wait until the run's last record, ``exit``, is on disk."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        files = wandb_run_files(run_dir)
+        if files and any(r.WhichOneof("record_type") == "exit" for r in wandb_records(files[-1])):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no wandb exit record under {run_dir} within {timeout_s} s")
+
+
 def test_wandb_reader_joins_records_split_across_blocks(tmp_path, wandb_env):
     """A config value larger than a 32 KiB leveldb block is written as FIRST/MIDDLE/LAST fragments."""
     import wandb
@@ -106,6 +119,7 @@ def test_wandb_reader_joins_records_split_across_blocks(tmp_path, wandb_env):
     run.log({"a": 1.5})
     run.log({"a": 2.5})
     run.finish()
+    wait_for_exit_record(tmp_path)
     assert load_run_config(tmp_path) == {"big": big, "seed": 3}
     assert load_history(tmp_path)["a"] == [(0, 1.5), (1, 2.5)]
 

@@ -31,6 +31,8 @@ def last_line(text: str) -> str:
         (["stop_at_step=9", "total_steps=3"], "error: stop_at_step=9 is beyond total_steps=3"),
         (["algo=grpo", "algo.critic=true"], "error: algo.critic=true is unused with algo.advantage=grpo"),
         (["algo=ppo", "algo.epo.smoothing=true"], "error: algo.epo.smoothing=true has no effect"),
+        (["data.oversample=0"], "error: data.oversample must be an integer >= 1, got 0"),
+        (["data.oversample=4", "algo.group_size=1"], "error: data.oversample=4 needs algo.group_size >= 2"),
     ],
 )
 def test_bad_values_fail_at_start_with_one_line(tmp_path, args, expected):

@@ -5,8 +5,6 @@ from __future__ import annotations
 import random
 from functools import partial
 
-import pytest
-
 from lightning_epo.envs.gridworld import GridworldSuite
 from lightning_epo.envs.sync_pool import SyncEnvPool
 from lightning_epo.rollout.datamodule import RolloutDataModule
@@ -65,13 +63,3 @@ def test_oversampled_step_trains_on_the_step_size_with_mixed_groups_first(tokeni
         assert len(batch.episodes) == 16 and len({ep.group_id for ep in batch.episodes}) == 4
     kept = [[ep for ep in filtered.episodes if ep.group_id == g] for g in {ep.group_id for ep in filtered.episodes}]
     assert all(len(group) == 4 and is_mixed(group) for group in kept)
-
-
-@pytest.mark.parametrize("oversample", [0, 1.5])
-def test_oversample_must_be_a_positive_integer(oversample):
-    with pytest.raises(ValueError, match="data.oversample must be an integer >= 1"):
-        RolloutDataModule(
-            suite=None, pool=None, engine=None, model=None, env_name="gridworld", max_turns=6, history_length=2,
-            episodes_per_step=4, group_size=2, val_size=None, eval_splits=[], train_sampling={}, val_sampling={},
-            oversample=oversample,
-        )
