@@ -18,7 +18,7 @@ from lightning_epo.models.loading import load_tokenizer
 from lightning_epo.rollout.batch import RolloutBatch, collate_episodes
 from lightning_epo.rollout.collector import EpisodeCollector, Rollout
 from lightning_epo.rollout.engine import GenerationEngine, SamplingParams
-from lightning_epo.rollout.group_filter import keep_mixed_groups, mixed_group_share
+from lightning_epo.rollout.group_filter import keep_mixed_groups
 from lightning_epo.rollout.progress_log import rollout_done_line
 from lightning_epo.rollout.prompts import PromptBuilder
 
@@ -224,8 +224,7 @@ class RolloutDataModule(L.LightningDataModule):
         stats = rollout_stats(rollout, wall_s=wall_s)  # over every collected episode: the policy's own level
         episodes = rollout.episodes
         if self.oversample > 1:
-            stats["train/mixed_groups"] = mixed_group_share(episodes)
-            episodes = keep_mixed_groups(episodes, self.groups_per_step)
+            episodes, stats["train/mixed_groups"] = keep_mixed_groups(episodes, self.groups_per_step)
         return collate_episodes(episodes, self.tokenizer.pad_token_id, stats)
 
     def eval_batch(self, split: str) -> EvalBatch:

@@ -26,15 +26,11 @@ def is_mixed(group: list[Episode]) -> bool:
     return len({ep.won for ep in group}) > 1
 
 
-def keep_mixed_groups(episodes: list[Episode], groups_wanted: int) -> list[Episode]:
-    """The episodes of ``groups_wanted`` groups: mixed-outcome groups first, then the others, each in
-    draw order. Fewer groups than wanted: all of them."""
+def keep_mixed_groups(episodes: list[Episode], groups_wanted: int) -> tuple[list[Episode], float]:
+    """The episodes of ``groups_wanted`` groups, mixed-outcome groups first, then the others, each in draw
+    order (fewer groups than wanted: all of them); and the share of mixed groups among all of ``episodes``
+    (``train/mixed_groups``)."""
     groups = list(groups_in_order(episodes).values())
-    ranked = [g for g in groups if is_mixed(g)] + [g for g in groups if not is_mixed(g)]
-    return [ep for group in ranked[:groups_wanted] for ep in group]
-
-
-def mixed_group_share(episodes: list[Episode]) -> float:
-    """Share of the groups in ``episodes`` whose rollouts differ in success (``train/mixed_groups``)."""
-    groups = groups_in_order(episodes).values()
-    return sum(is_mixed(g) for g in groups) / max(len(groups), 1)
+    ranked = sorted(groups, key=lambda g: not is_mixed(g))  # stable: draw order within each kind
+    share = sum(is_mixed(g) for g in groups) / max(len(groups), 1)
+    return [ep for group in ranked[:groups_wanted] for ep in group], share

@@ -43,6 +43,18 @@ def wandb_env(monkeypatch, tmp_path):
     finish_wandb_run()
 
 
+def wait_for_exit_record(run_dir, timeout_s: float = 30.0) -> None:
+    """``run.finish()`` can return before wandb's service has written the file out (seen under a loaded CPU):
+    wait until the run's last record, ``exit``, is on disk."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        files = wandb_run_files(run_dir)
+        if files and any(r.WhichOneof("record_type") == "exit" for r in wandb_records(files[-1])):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no wandb exit record under {run_dir} within {timeout_s} s")
+
+
 def test_two_rl_steps_log_every_metric_to_wandb_files(compose_cfg, tmp_path, wandb_env):
     from lightning_epo.run import run
 
@@ -61,6 +73,7 @@ def test_two_rl_steps_log_every_metric_to_wandb_files(compose_cfg, tmp_path, wan
     )
     run(cfg)
     finish_wandb_run()
+    wait_for_exit_record(run_dir)
 
     (run_file,) = wandb_run_files(run_dir)
     assert run_file.parent.name.endswith(run_id(str(run_dir)))  # the id is the run directory's
@@ -96,18 +109,6 @@ def test_two_rl_steps_log_every_metric_to_wandb_files(compose_cfg, tmp_path, wan
     turn = samples[0]["turns"][0]
     assert set(turn) >= {"prompt", "response", "action", "observation", "reward"}
     assert samples[0]["task"] in turn["prompt"] and isinstance(samples[0]["won"], bool)
-
-
-def wait_for_exit_record(run_dir, timeout_s: float = 30.0) -> None:
-    """``run.finish()`` can return before wandb's service has written the file out (seen under a loaded CPU):
-    wait until the run's last record, ``exit``, is on disk."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        files = wandb_run_files(run_dir)
-        if files and any(r.WhichOneof("record_type") == "exit" for r in wandb_records(files[-1])):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"no wandb exit record under {run_dir} within {timeout_s} s")
 
 
 def test_wandb_reader_joins_records_split_across_blocks(tmp_path, wandb_env):

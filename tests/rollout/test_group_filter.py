@@ -10,7 +10,7 @@ from lightning_epo.envs.sync_pool import SyncEnvPool
 from lightning_epo.rollout.datamodule import RolloutDataModule
 from lightning_epo.rollout.episode import Episode
 from lightning_epo.rollout.expert_engine import ExpertEngine
-from lightning_epo.rollout.group_filter import is_mixed, keep_mixed_groups, mixed_group_share
+from lightning_epo.rollout.group_filter import is_mixed, keep_mixed_groups
 
 MOVES = ["go north", "go south", "go east", "go west"]
 
@@ -26,11 +26,11 @@ def _episodes(outcomes: dict[int, list[bool]]) -> list[Episode]:
 
 def test_mixed_groups_come_first_then_the_others_each_in_draw_order():
     eps = _episodes({0: [True, True], 1: [True, False], 2: [False, False], 3: [False, True]})
-    assert mixed_group_share(eps) == 0.5
-    kept = keep_mixed_groups(eps, 3)
+    kept, share = keep_mixed_groups(eps, 3)
+    assert share == 0.5
     assert [ep.group_id for ep in kept] == [1, 1, 3, 3, 0, 0]  # whole groups, mixed ones first
-    assert keep_mixed_groups(eps, 2) == [e for e in eps if e.group_id in (1, 3)]
-    assert keep_mixed_groups(eps, 9) == [e for g in (1, 3, 0, 2) for e in eps if e.group_id == g]
+    assert keep_mixed_groups(eps, 2)[0] == [e for e in eps if e.group_id in (1, 3)]
+    assert keep_mixed_groups(eps, 9)[0] == [e for g in (1, 3, 0, 2) for e in eps if e.group_id == g]
 
 
 def _datamodule(tokenizer, oversample: int) -> RolloutDataModule:
