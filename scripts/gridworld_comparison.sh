@@ -15,8 +15,8 @@ PY=${PY:-.venv/bin/python}
 if [ ! -f "$OUT/warm_start/policy/config.json" ]; then
   $PY train.py experiment=gridworld_sft export_policy=true logger=csv hydra.run.dir="$OUT/warm_start"
 fi
-for algo in $ALGOS; do
-  for seed in $SEEDS; do
+for seed in $SEEDS; do      # seed-major: a stopped run of the script leaves every algorithm with the same seeds
+  for algo in $ALGOS; do
     [ -f "$OUT/$algo/s$seed/checkpoints/last.ckpt" ] && continue   # done (rerun the script to resume the rest)
     echo "$PY train.py experiment=gridworld_long algo=$algo seed=$seed warm_start=null model.build_if_missing=false" \
       "model.name_or_path=$OUT/warm_start/policy logger=csv ~callbacks.progress_bar $ARGS hydra.run.dir=$OUT/$algo/s$seed" \
