@@ -5,7 +5,8 @@
    HF engine (``rollout=hf``) and with the environment's expert (``rollout=expert``: every turn is an
    environment step, so it shows the pools' own throughput). The random tiny model rarely writes a
    parsable ``<action>``, and a turn without one sends nothing to the environment, so its env-steps
-   columns are mostly empty. ``env steps/s`` = env_steps / env_s and ``gen tok/s`` = gen_tokens / gen_s
+   columns are mostly empty: ``--model`` takes a trained policy instead (e.g. a gridworld_learn run's
+   ``warm_start/policy``), whose turns do step the environments. ``env steps/s`` = env_steps / env_s and ``gen tok/s`` = gen_tokens / gen_s
    (the collector's ``Rollout.stats``, as ``perf/*`` logs them); ``turns/s`` = agent turns / wall time
    of ``collect``. Pool start-up is not timed (one warm-up collect first).
 2. The share of one RL step spent in environments, generation, the rest of the rollout (prompts,
@@ -14,7 +15,7 @@
 
 Wall-clock medians over repeats (other processes share this machine: see the load in the first line).
 
-    python benchmarks/rollout.py [--quick]
+    python benchmarks/rollout.py [--quick] [--model RUN/warm_start/policy]
 
 The top level imports only light modules: ``ProcessEnvPool`` spawns workers that re-import this file.
 """
@@ -69,7 +70,7 @@ def throughput_rows(engines: dict[str, tuple[Any, list, int]], tokenizer: Any, s
                     ])
             finally:
                 pool.close()
-    return sorted(rows, key=lambda r: (r[0] != "hf (tiny model)", r[1] != "sync", r[2]))
+    return sorted(rows, key=lambda r: (not r[0].startswith("hf"), r[1] != "sync", r[2]))
 
 
 def step_share_rows(actor: Any, tokenizer: Any, suite: GridworldSuite, tasks: list, max_turns: int,
@@ -117,17 +118,21 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer and shorter episodes (about a minute)")
+    parser.add_argument("--model", help="a trained gridworld policy directory (default: the random tiny model)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    episodes, max_turns, repeats = (4, 4, 2) if args.quick else (8, 12, 3)
-    sizes = [1, 2, 4]
+    episodes, max_turns, repeats = (4, 4, 2) if args.quick else (16, 12, 3)
+    sizes = [1, 4] if args.quick else [1, 4, 16]
     sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=24)  # conf/rollout/hf.yaml
     model_cfg = OmegaConf.load(REPO_ROOT / "conf" / "model" / "tiny.yaml")
+    if args.model:
+        model_cfg.name_or_path, model_cfg.build_if_missing = args.model, False
+    model_name = "trained policy" if args.model else "tiny model"
     tokenizer, actor = load_tokenizer(model_cfg), load_actor(model_cfg)
     suite = GridworldSuite()
     train = suite.tasks("train")
     engines = {  # the expert's turns are cheap: 8x the episodes, and enough turns to finish (<= 7)
-        "hf (tiny model)": (HFEngine(tokenizer, actor), train[:episodes], max_turns),
+        f"hf ({model_name})": (HFEngine(tokenizer, actor), train[:episodes], max_turns),
         "expert": (ExpertEngine(tokenizer), train[: 8 * episodes], 12),
     }
     print(machine_line())
@@ -135,7 +140,7 @@ def main() -> None:
           f"{sampling.max_new_tokens} new tokens per turn at most")
     print_table(["engine", "pool", "size", "episodes", "env steps", "env steps/s", "gen tok/s", "turns/s", "collect s"],
                 throughput_rows(engines, tokenizer, suite, sizes, repeats, sampling))
-    print(f"\nOne RL step: {episodes} episodes of up to {max_turns} turns, HF engine (tiny model), sync pool of "
+    print(f"\nOne RL step: {episodes} episodes of up to {max_turns} turns, HF engine ({model_name}), sync pool of "
           f"{max(sizes)}; update = old-policy pass + one PPO+EPO optimizer step of the actor (micro-batch 16)")
     print_table(["part", "seconds (median)", "share"],
                 step_share_rows(actor, tokenizer, suite, train[:episodes], max_turns, max(sizes), repeats, sampling))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The paper's comparison in miniature (README "EPO on a sparse-reward, long-horizon gridworld"):
 # one shared supervised warm start, then PPO, PPO+EPO and the ablations x seeds on experiment=gridworld_long,
-# JOBS runs at a time (one torch thread each), then the figures and the Succ.*/Succ. table.
+# JOBS runs at a time (one torch thread each), then the figures and the Succ.*/Succ. table. Rerun it to go on
+# after a stop: finished runs are skipped, stopped ones resume from their last checkpoint.
 #   scripts/gridworld_comparison.sh [OUT_DIR]      env: SEEDS="0 1 2" JOBS=2 ALGOS="ppo ppo_epo ..." ARGS="..."
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,10 +18,12 @@ if [ ! -f "$OUT/warm_start/policy/config.json" ]; then
 fi
 for seed in $SEEDS; do      # seed-major: a stopped run of the script leaves every algorithm with the same seeds
   for algo in $ALGOS; do
-    [ -f "$OUT/$algo/s$seed/checkpoints/last.ckpt" ] && continue   # done (rerun the script to resume the rest)
+    run="$OUT/$algo/s$seed"
+    [ -f "$run/done" ] && continue                                         # finished
+    resume=""; [ -f "$run/checkpoints/last.ckpt" ] && resume="ckpt_path=last"   # stopped: resume exactly
     echo "$PY train.py experiment=gridworld_long algo=$algo seed=$seed warm_start=null model.build_if_missing=false" \
-      "model.name_or_path=$OUT/warm_start/policy logger=csv ~callbacks.progress_bar $ARGS hydra.run.dir=$OUT/$algo/s$seed" \
-      "> $OUT/$algo.s$seed.log 2>&1"
+      "model.name_or_path=$OUT/warm_start/policy logger=csv ~callbacks.progress_bar $resume $ARGS hydra.run.dir=$run" \
+      ">> $OUT/$algo.s$seed.log 2>&1 && touch $run/done"
   done
 done | xargs -P "$JOBS" -I{} sh -c "{}"
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,21 @@ def test_experiment_passes_the_start_checks(compose_cfg, experiment):
 @pytest.mark.parametrize("algo", COMPARISON_ALGOS)
 def test_comparison_algorithms_pass_the_start_checks_on_gridworld_long(compose_cfg, algo):
     validate(compose_cfg("experiment=gridworld_long", f"algo={algo}"))
+
+
+def test_comparison_script_skips_finished_runs_and_resumes_stopped_ones(tmp_path):
+    """The script's train commands, with a stand-in python that records its arguments (and fails on plotting,
+    which needs real runs: the commands are what is checked)."""
+    out, calls = tmp_path / "out", tmp_path / "calls"
+    for path in ("warm_start/policy/config.json", "ppo/s0/checkpoints/last.ckpt", "ppo/s1/done"):
+        (out / path).parent.mkdir(parents=True, exist_ok=True)
+        (out / path).touch()
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\ncase "$1" in train.py) ;; *) exit 1;; esac\n')
+    fake_python.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "PY": str(fake_python), "SEEDS": "0 1", "ALGOS": "ppo ppo_epo"}
+    subprocess.run([str(REPO / "scripts" / "gridworld_comparison.sh"), str(out)], env=env, capture_output=True)
+    runs = {line.split("hydra.run.dir=")[1]: line for line in calls.read_text().splitlines() if "train.py" in line}
+    assert sorted(runs) == [str(out / "ppo" / "s0"), str(out / "ppo_epo" / "s0"), str(out / "ppo_epo" / "s1")]
+    assert "ckpt_path=last" in runs[str(out / "ppo" / "s0")]
+    assert "ckpt_path=last" not in runs[str(out / "ppo_epo" / "s0")]
