@@ -1,9 +1,13 @@
 """The paper's success columns from run directories:
 
-    python -m lightning_epo.summary [LABEL=]RUN_DIR [[LABEL=]RUN_DIR ...] [--metric val/iid/success] [--window 5] [--markdown FILE]
+    python -m lightning_epo.summary [LABEL=]RUN_DIR [[LABEL=]RUN_DIR ...] [--metric val/iid/success] [--window 5]
+        [--from-step 1] [--markdown FILE]
 
 - **Succ.\\*** : the best validation success of a run (max over its evaluations), averaged over seeds.
 - **Succ.**  : the mean of a run's last ``--window`` evaluations ("after convergence"), averaged over seeds.
+
+``--from-step N`` keeps only the evaluations logged at RL step >= N: ``--from-step 1`` leaves out the starting
+level that ``val_at_start=true`` logs at step 0 (otherwise Succ.* can never fall below the starting policy's score).
 
 Runs are grouped by ``algo.name`` (and ``env.name`` when they differ) from each run's saved config; the
 seeds of a group are its runs. History comes from ``RUN_DIR/csv/metrics.csv`` or the wandb files
@@ -45,21 +49,22 @@ class GroupSummary:
     succ_std: float
 
 
-def score_run(run: Run, metric: str, window: int) -> RunScore:
-    values = [v for _, v in run.history.get(metric, [])]
+def score_run(run: Run, metric: str, window: int, from_step: int = 0) -> RunScore:
+    values = [v for step, v in run.history.get(metric, []) if step >= from_step]
     if not values:
         logged = sorted(k for k in run.history if k.startswith("val/")) or ["none"]
-        raise UserError(f"{run.run_dir} has no '{metric}' points; its validation metrics: {', '.join(logged)}")
+        raise UserError(f"{run.run_dir} has no '{metric}' points at step >= {from_step}; its validation metrics: "
+                        f"{', '.join(logged)}")
     return RunScore(run, best=max(values), final=statistics.fmean(values[-window:]))
 
 
-def summarize(runs: list[Run], metric: str = "val/iid/success", window: int = 5) -> list[GroupSummary]:
-    """One :class:`GroupSummary` per algorithm (fractions, not percent)."""
+def summarize(runs: list[Run], metric: str = "val/iid/success", window: int = 5, from_step: int = 0) -> list[GroupSummary]:
+    """One :class:`GroupSummary` per algorithm (fractions, not percent), over evaluations at step >= ``from_step``."""
     if window < 1:
         raise UserError(f"--window must be >= 1, got {window}")
     out = []
     for label, members in group_runs(runs).items():
-        scores = [score_run(r, metric, window) for r in members]
+        scores = [score_run(r, metric, window, from_step) for r in members]
         best, final = [s.best for s in scores], [s.final for s in scores]
         out.append(GroupSummary(label, [r.seed for r in members], statistics.fmean(best), statistics.fmean(final),
                                 seed_std(best), seed_std(final)))
@@ -103,10 +108,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("runs", nargs="+", help=RUN_ARGS_HELP)
     parser.add_argument("--metric", default="val/iid/success", help="validation metric (default: val/iid/success)")
     parser.add_argument("--window", type=int, default=5, help="evaluations averaged for Succ. (default: 5)")
+    parser.add_argument("--from-step", type=int, default=0,
+                        help="only evaluations logged at RL step >= this (1: leave out val_at_start's; default: 0)")
     parser.add_argument("--markdown", type=Path, help="also write the table as markdown to this file")
     args = parser.parse_args(argv)
     try:
-        summaries = summarize([load_run_arg(r) for r in args.runs], args.metric, args.window)
+        summaries = summarize([load_run_arg(r) for r in args.runs], args.metric, args.window, args.from_step)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

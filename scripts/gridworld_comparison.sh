@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The paper's comparison in miniature (README "EPO on a sparse-reward, long-horizon gridworld"):
 # one shared supervised warm start, then PPO, PPO+EPO and the ablations x seeds on experiment=gridworld_long,
-# JOBS runs at a time (one torch thread each), then the figures and the Succ.*/Succ. table. Rerun it to go on
+# JOBS runs at a time (one torch thread each), then the figures and the Succ.*/Succ. tables (evaluations after
+# the first RL step: the shared starting level is left out). Rerun it to go on
 # after a stop: finished runs are skipped, stopped ones resume from their last checkpoint.
 #   scripts/gridworld_comparison.sh [OUT_DIR]      env: SEEDS="0 1 2" JOBS=2 ALGOS="ppo ppo_epo ..." ARGS="..."
 set -euo pipefail
@@ -30,5 +31,5 @@ done | xargs -P "$JOBS" -I{} sh -c "{}"
 RUNS=$(for algo in $ALGOS; do for seed in $SEEDS; do echo "$OUT/$algo/s$seed"; done; done)
 $PY -m lightning_epo.plot $RUNS --out "$OUT/figures"
 for metric in val/iid/success val/ood/success; do
-  $PY -m lightning_epo.summary $RUNS --metric "$metric" --markdown "$OUT/table_$(echo "$metric" | cut -d/ -f2).md"
+  $PY -m lightning_epo.summary $RUNS --metric "$metric" --from-step 1 --markdown "$OUT/table_$(echo "$metric" | cut -d/ -f2).md"
 done

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from lightning_epo.errors import UserError
 from lightning_epo.run_history import load_run
 from lightning_epo.summary import main, summarize
 
@@ -77,3 +78,13 @@ def test_label_groups_runs_of_one_algo_apart(runs, tmp_path, capsys):
     main([f"control={runs[0]}", str(runs[2]), "--window", "2", "--markdown", str(md)])
     table = md.read_text()
     assert "| control | 1 | 0 | 60.0 | 45.0 |" in table and "| ppo | 1 | 1 | 70.0 | 50.0 |" in table
+
+
+def test_from_step_leaves_out_earlier_evaluations(runs):
+    (ppo,) = summarize([load_run(runs[0])], window=50, from_step=5)  # drops the step-4 evaluation (0.2)
+    assert (ppo.succ_star, ppo.succ) == pytest.approx((0.6, (0.6 + 0.4 + 0.5) / 3))
+
+
+def test_from_step_beyond_every_evaluation_is_one_line(runs):
+    with pytest.raises(UserError, match="has no 'val/iid/success' points at step >= 20"):
+        summarize([load_run(runs[0])], from_step=20)
