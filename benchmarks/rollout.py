@@ -6,9 +6,9 @@
    environment step, so it shows the pools' own throughput). The random tiny model rarely writes a
    parsable ``<action>``, and a turn without one sends nothing to the environment, so its env-steps
    columns are mostly empty: ``--model`` takes a trained policy instead (e.g. a gridworld_learn run's
-   ``warm_start/policy``), whose turns do step the environments. ``env steps/s`` = env_steps / env_s and ``gen tok/s`` = gen_tokens / gen_s
-   (the collector's ``Rollout.stats``, as ``perf/*`` logs them); ``turns/s`` = agent turns / wall time
-   of ``collect``. Pool start-up is not timed (one warm-up collect first).
+   ``warm_start/policy``), whose turns do step the environments. ``env steps/s`` = env_steps / env_s and
+   ``gen tok/s`` = gen_tokens / gen_s (the collector's ``Rollout.stats``, as ``perf/*`` logs them);
+   ``turns/s`` = agent turns / wall time of ``collect``. Pool start-up is not timed (one warm-up collect first).
 2. The share of one RL step spent in environments, generation, the rest of the rollout (prompts,
    tokenisation, parsing), and the update (old-policy pass + one PPO+EPO optimizer step of the actor,
    the project's functions, see ``epo_overhead.py``).

@@ -83,8 +83,13 @@ def _rows(summaries: list[GroupSummary]) -> list[list[str]]:
     ]
 
 
-def rich_table(summaries: list[GroupSummary], metric: str, window: int) -> Table:
-    table = Table(title=f"{metric}: Succ.* = best evaluation, Succ. = mean of the last {window}; mean ± std over seeds")
+def _evaluations(window: int, from_step: int) -> str:
+    after = f" (evaluations at step >= {from_step})" if from_step else ""
+    return f"Succ.* = best evaluation, Succ. = mean of the last {window}{after}; mean ± std over seeds"
+
+
+def rich_table(summaries: list[GroupSummary], metric: str, window: int, from_step: int = 0) -> Table:
+    table = Table(title=f"{metric}: {_evaluations(window, from_step)}")
     for i, name in enumerate(HEADER):
         table.add_column(name, justify="right" if i >= 1 else "left")
     for row in _rows(summaries):
@@ -92,9 +97,9 @@ def rich_table(summaries: list[GroupSummary], metric: str, window: int) -> Table
     return table
 
 
-def markdown_table(summaries: list[GroupSummary], metric: str, window: int) -> str:
+def markdown_table(summaries: list[GroupSummary], metric: str, window: int, from_step: int = 0) -> str:
     lines = [
-        f"`{metric}`: Succ.* = best evaluation, Succ. = mean of the last {window} evaluations; mean ± std over seeds.",
+        f"`{metric}`: {_evaluations(window, from_step)}.",
         "",
         "| " + " | ".join(HEADER) + " |",
         "| " + " | ".join(["---"] + ["---:"] * (len(HEADER) - 1)) + " |",
@@ -117,9 +122,9 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    Console().print(rich_table(summaries, args.metric, args.window))
+    Console().print(rich_table(summaries, args.metric, args.window, args.from_step))
     if args.markdown:
-        args.markdown.write_text(markdown_table(summaries, args.metric, args.window))
+        args.markdown.write_text(markdown_table(summaries, args.metric, args.window, args.from_step))
         print(f"wrote {args.markdown}")
 
 

@@ -88,3 +88,10 @@ def test_from_step_leaves_out_earlier_evaluations(runs):
 def test_from_step_beyond_every_evaluation_is_one_line(runs):
     with pytest.raises(UserError, match="has no 'val/iid/success' points at step >= 20"):
         summarize([load_run(runs[0])], from_step=20)
+
+
+def test_cli_from_step_is_applied_and_named_in_the_table(runs, tmp_path):
+    md = tmp_path / "table.md"
+    main([str(runs[0]), "--window", "50", "--from-step", "5", "--markdown", str(md)])
+    table = md.read_text()
+    assert "(evaluations at step >= 5)" in table and "| ppo | 1 | 0 | 60.0 | 50.0 |" in table
