@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The paper's comparison in miniature (README "EPO on a sparse-reward, long-horizon gridworld"):
+# The paper's comparison in miniature (README "EPO vs PPO on a sparse-reward, long-horizon gridworld"):
 # one shared supervised warm start, then PPO, PPO+EPO and the ablations x seeds on experiment=gridworld_long,
 # JOBS runs at a time (one torch thread each), then the figures and the Succ.*/Succ. tables (evaluations after
-# the first RL step: the shared starting level is left out). Rerun it to go on
-# after a stop: finished runs are skipped, stopped ones resume from their last checkpoint.
+# the first RL step: the shared starting level is left out). Rerun it to go on after a stop: finished runs
+# are skipped, stopped ones resume from their last checkpoint.
 #   scripts/gridworld_comparison.sh [OUT_DIR]      env: SEEDS="0 1 2" JOBS=2 ALGOS="ppo ppo_epo ..." ARGS="..."
 set -euo pipefail
 cd "$(dirname "$0")/.."
