@@ -46,7 +46,10 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]
     try:
         datamodule = hydra.utils.instantiate(cfg.data)
         module = hydra.utils.instantiate(cfg.module)
-        trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=build_callbacks(cfg), logger=build_logger(cfg))
+        # An evaluation reports in eval.json: logged, it would land at step 0 of the run's own history (csv, wandb)
+        # and replace the starting level that val_at_start logged there.
+        logger = build_logger(cfg) if cfg.mode == "train" else False
+        trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=build_callbacks(cfg), logger=logger)
         if cfg.mode == "eval":
             results = trainer.validate(module, datamodule=datamodule, ckpt_path=ckpt_path)
             metrics = {k: float(v) for split in results for k, v in split.items()}

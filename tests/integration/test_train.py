@@ -57,9 +57,11 @@ def test_eval_mode_samples_from_the_checkpointed_actor(compose_cfg, tmp_path):
     """``mode=eval`` with the model's own engine: Lightning fetches the first validation batch before any
     callback hook, so the DataModule must bind the engine to the restored actor itself."""
     run(compose_cfg(*FAST, "test_every=1000"))
+    history = (tmp_path / "run" / "csv" / "metrics.csv").read_text()
     metrics = run(compose_cfg(*FAST, "mode=eval", "ckpt_path=last"))
     written = json.loads((tmp_path / "run" / "eval.json").read_text())
     assert written == metrics and {"val/iid/success", "val/ood/success", "val/iid/turns"} <= written.keys()
+    assert (tmp_path / "run" / "csv" / "metrics.csv").read_text() == history  # the run's history is left as it was
 
 
 def test_val_at_start_logs_the_starting_level_at_step_0(compose_cfg, tmp_path):
