@@ -46,8 +46,8 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]
     try:
         datamodule = hydra.utils.instantiate(cfg.data)
         module = hydra.utils.instantiate(cfg.module)
-        # An evaluation reports in eval.json: logged, it would land at step 0 of the run's own history (csv, wandb)
-        # and replace the starting level that val_at_start logged there.
+        # An evaluation reports in eval.json (conf/config.yaml: mode): logged, it would land at step 0 of the
+        # evaluated run's own history (csv, and wandb, whose run id is the run directory's) over val_at_start's point.
         logger = build_logger(cfg) if cfg.mode == "train" else False
         trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=build_callbacks(cfg), logger=logger)
         if cfg.mode == "eval":

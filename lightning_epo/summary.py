@@ -58,7 +58,9 @@ def score_run(run: Run, metric: str, window: int, from_step: int = 0) -> RunScor
     return RunScore(run, best=max(values), final=statistics.fmean(values[-window:]))
 
 
-def summarize(runs: list[Run], metric: str = "val/iid/success", window: int = 5, from_step: int = 0) -> list[GroupSummary]:
+def summarize(
+    runs: list[Run], metric: str = "val/iid/success", window: int = 5, from_step: int = 0
+) -> list[GroupSummary]:
     """One :class:`GroupSummary` per algorithm (fractions, not percent), over evaluations at step >= ``from_step``."""
     if window < 1:
         raise UserError(f"--window must be >= 1, got {window}")

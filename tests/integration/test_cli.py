@@ -32,6 +32,7 @@ def last_line(text: str) -> str:
         (["algo=grpo", "algo.critic=true"], "error: algo.critic=true is unused with algo.advantage=grpo"),
         (["algo=ppo", "algo.epo.smoothing=true"], "error: algo.epo.smoothing=true has no effect"),
         (["data.oversample=0"], "error: data.oversample must be an integer >= 1, got 0"),
+        (["data.oversample=1.5"], "error: data.oversample must be an integer >= 1, got 1.5"),
         (["data.oversample=4", "algo.group_size=1"], "error: data.oversample=4 needs algo.group_size >= 2"),
     ],
 )
