@@ -20,6 +20,7 @@ Weights load from safetensors only (``use_safetensors=True``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -61,9 +62,11 @@ def model_source(model_cfg: Mapping[str, Any]) -> tuple[str, bool]:
     if model_cfg.get("build_if_missing"):
         path = Path(name).expanduser()
         path = path if path.is_absolute() else REPO_ROOT / path
+        tiny = dict(model_cfg.get("tiny") or {})
         if not path.exists():
-            build_tiny_model(path, **dict(model_cfg.get("tiny") or {}))
+            build_tiny_model(path, **tiny)
         _check_model_dir(path, name, "or delete it to let model.build_if_missing rebuild the tiny model there")
+        _check_tiny_shape(path, name, tiny)
         return str(path), True
     if not _looks_like_path(name):
         return name, False
@@ -81,6 +84,28 @@ def _check_model_dir(path: Path, name: str, alternative: str) -> None:
         raise ModelLoadError(
             f"model path '{name}' holds no model (no config.json): set model.name_or_path to a directory "
             f"saved with save_pretrained, {alternative}"
+        )
+
+
+# ``model.tiny`` keys -> the config.json fields the built model records them in
+TINY_SHAPE_FIELDS = {
+    "hidden_size": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "intermediate_size": "intermediate_size",
+}
+
+
+def _check_tiny_shape(path: Path, name: str, tiny: Mapping[str, Any]) -> None:
+    """A tiny model built earlier with other ``model.tiny`` settings (e.g. before a default changed) is refused."""
+    built = json.loads((path / "config.json").read_text())
+    stale = [f"{key}={built.get(field)} (config: {tiny[key]})" for key, field in TINY_SHAPE_FIELDS.items()
+             if key in tiny and built.get(field) != tiny[key]]
+    if stale:
+        raise ModelLoadError(
+            f"the tiny model at '{name}' was built with other settings ({', '.join(stale)}): delete that directory "
+            "to let model.build_if_missing rebuild it"
         )
 
 

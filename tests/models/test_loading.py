@@ -96,6 +96,13 @@ def test_build_if_missing_builds_once_then_reuses(tmp_path):
     assert weights.stat().st_mtime_ns == built_at
 
 
+def test_tiny_model_built_with_other_settings_is_refused(tmp_path):
+    load_tokenizer(model_cfg(tmp_path / "tiny", build_if_missing=True, tiny={"vocab_size": 600, "num_heads": 4}))
+    changed = model_cfg(tmp_path / "tiny", build_if_missing=True, tiny={"vocab_size": 600, "num_heads": 2})
+    with pytest.raises(ModelLoadError, match=r"built with other settings \(num_heads=4 \(config: 2\)\): delete"):
+        load_actor(changed)
+
+
 @pytest.mark.parametrize("missing", ["/no/such/model_dir", "./no_such_dir/model", "../no_such_dir", "~/no_such_dir_x"])
 def test_missing_local_path_names_the_fix(missing):
     with pytest.raises(ModelLoadError) as error:
