@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -32,3 +34,20 @@ def seed_rl_step(seed: int, step: int, rank: int) -> None:
     random.seed(value)
     np.random.seed(value % 2**32)
     torch.manual_seed(value)
+
+
+@contextmanager
+def global_rng_kept() -> Iterator[None]:
+    """Restore the state of ``random``, NumPy and torch (CPU and this process's CUDA device) on exit.
+
+    For code that reseeds the process's global generators as a side effect (vLLM's worker calls
+    ``set_random_seed`` when its engine starts in this process): the trainer's draws after it are those it
+    would have made without it.
+    """
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)

