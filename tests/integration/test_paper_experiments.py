@@ -57,6 +57,7 @@ def test_paper_experiment_holds_the_paper_settings_and_passes_the_start_checks(g
     assert (cfg.algo.group_size, cfg.env.max_turns, cfg.algo.entropy_coef) == (group_size, max_turns, 0.001)
     assert (cfg.algo.epo.kappa_l, cfg.algo.epo.kappa_r, cfg.algo.epo.beta_start, cfg.algo.epo.beta_end) == (0, 2, 2, 1)
     assert (cfg.optim.warmup_ratio, cfg.optim.min_lr_ratio, cfg.rollout.max_new_tokens) == (0.1, 0.2, 512)
+    assert cfg.rollout.think and cfg.model.max_prompt_tokens == 2048
     assert cfg.trainer.devices * cfg.data.episodes_per_step == 128
     assert (cfg.data.train_sampling.temperature, cfg.data.val_sampling.temperature) == (1.0, 0.4)
     assert cfg.rollout.engine._target_.endswith("VLLMEngine") and cfg.trainer.strategy.stage == 3
