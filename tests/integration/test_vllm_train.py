@@ -1,0 +1,74 @@
+"""``rollout=vllm`` through the whole loop (marked vllm: ``.venv-vllm/bin/python -m pytest -m vllm``): two RL
+steps with the config as it is, exact resume, and the trainer's seeding and threads surviving vLLM's start."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_epo.run import run
+from test_exact_resume import FAST as RESUME_FAST, logged
+
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("vllm_env")]
+
+FAST = ["rollout=vllm", "debug=fast", "logger=csv", "~callbacks.progress_bar", "test_every=1000"]
+
+
+def seeded_draws(seed: int) -> tuple[float, float, float]:
+    random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+    return draws()
+
+
+def draws() -> tuple[float, float, float]:
+    return random.random(), float(np.random.rand()), float(torch.rand(()))
+
+
+def test_two_rl_steps_with_the_vllm_config_as_it_is(compose_cfg, tmp_path):
+    cfg = compose_cfg(*FAST)
+    assert cfg.rollout.engine.dtype == "float32" and cfg.rollout.engine.kv_cache_gib is None  # the CPU defaults
+    metrics = run(cfg)
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["rl_state"]["rl_step"] == 2
+    assert torch.isfinite(torch.tensor(metrics["loss/total"])) and metrics["perf/gen_tokens_per_s"] > 0
+
+
+def test_stop_and_resume_logs_the_same_values_as_one_run(compose_cfg, tmp_path):
+    """As tests/integration/test_exact_resume.py for rollout=hf: vLLM samples from the generators the trainer
+    reseeds every RL step, so steps 3-5 of a resumed run are those of an uninterrupted one."""
+    overrides = ["rollout=vllm", *RESUME_FAST]
+    run(compose_cfg(*overrides, f"run_dir={tmp_path / 'whole'}"))
+    run(compose_cfg(*overrides, "stop_at_step=3", f"run_dir={tmp_path / 'split'}"))
+    run(compose_cfg(*overrides, "ckpt_path=last", f"run_dir={tmp_path / 'split'}"))
+
+    whole, resumed = logged(tmp_path / "whole"), logged(tmp_path / "split")
+    for step in range(6):
+        assert resumed[step].keys() == whole[step].keys(), step
+        for name, value in whole[step].items():
+            assert resumed[step][name] == pytest.approx(value, rel=1e-6, abs=1e-9), (step, name)
+
+
+def test_engine_start_keeps_the_trainers_random_state_and_threads(tiny_model_path):
+    """vLLM's worker reseeds the global generators and, on CPU, makes ``torch.set_num_threads`` a no-op (and
+    cuts the threads to 1 unless OMP_NUM_THREADS is set): none of it may reach the trainer."""
+    from lightning_epo.models.loading import load_tokenizer
+    from lightning_epo.rollout.vllm_engine import VLLMEngine
+
+    cfg = {"name_or_path": tiny_model_path, "dtype": "float32"}
+    tokenizer = load_tokenizer(cfg)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        expected = seeded_draws(123)
+        random.seed(123), np.random.seed(123), torch.manual_seed(123)
+        engine = VLLMEngine(tokenizer, cfg, dtype="float32", kv_cache_gib=0.0625, seed=0)
+        assert draws() == expected  # vLLM reseeded them with 0
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)  # still takes effect (a later run's torch_threads)
+        assert torch.get_num_threads() == 1
+        engine.close()
+        assert not torch.distributed.is_initialized()  # the world of one vLLM made is gone with it
+    finally:
+        torch.set_num_threads(threads)
