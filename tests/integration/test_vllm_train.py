@@ -17,9 +17,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("vllm_env")]
 FAST = ["rollout=vllm", "debug=fast", "logger=csv", "~callbacks.progress_bar", "test_every=1000"]
 
 
-def seeded_draws(seed: int) -> tuple[float, float, float]:
+def seed_all(seed: int) -> None:
     random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
-    return draws()
 
 
 def draws() -> tuple[float, float, float]:
@@ -61,8 +60,9 @@ def test_engine_start_keeps_the_trainers_random_state_and_threads(tiny_model_pat
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        expected = seeded_draws(123)
-        random.seed(123), np.random.seed(123), torch.manual_seed(123)
+        seed_all(123)
+        expected = draws()
+        seed_all(123)
         engine = VLLMEngine(tokenizer, cfg, dtype="float32", kv_cache_gib=0.0625, seed=0)
         assert draws() == expected  # vLLM reseeded them with 0
         assert torch.get_num_threads() == 2
