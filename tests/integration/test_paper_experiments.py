@@ -22,9 +22,10 @@ PAPER = {
     "paper_alfworld_grpo_epo": ("alfworld", "grpo_epo", "Qwen/Qwen2.5-3B-Instruct", 150, 5e-6, 0.1, 8, 50),
 }
 ONE_STEP_ON_CPU = [
-    "model=tiny", "rollout=hf", "trainer=cpu", "trainer.devices=1", "logger=csv", "~callbacks.progress_bar", "total_steps=1",
-    "test_every=1000", "val_at_start=false", "data.episodes_per_step=8", "env.max_turns=2", "env.pool_size=2", "env.val_size=2",
-    "rollout.max_new_tokens=8", "algo.kl_coef=0.0", "algo.mini_batches=1", "model.max_prompt_tokens=512",
+    "model=tiny", "rollout=hf", "rollout.think=false", "rollout.max_new_tokens=8", "trainer=cpu", "trainer.devices=1",
+    "logger=csv", "~callbacks.progress_bar", "total_steps=1", "test_every=1000", "val_at_start=false",
+    "data.episodes_per_step=8", "env.max_turns=2", "env.pool_size=2", "env.val_size=2", "algo.kl_coef=0.0",
+    "algo.mini_batches=1",
 ]
 
 
