@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy, ParallelStrategy, Strategy
+from transformers import PreTrainedModel
 
 
 def is_deepspeed(strategy: Strategy) -> bool:
@@ -60,13 +61,15 @@ def hf_zero3_config(strategy: Strategy) -> Any | None:
     return HfDeepSpeedConfig(strategy.config)
 
 
-def gathered(param: torch.nn.Parameter) -> Any:
-    """Context in which a ZeRO-3 shard holds the full parameter (every rank must enter it, in the same order)."""
-    if not hasattr(param, "ds_id"):
+def gathered(params: list[torch.nn.Parameter], modifier_rank: int | None = None) -> Any:
+    """Context in which ZeRO-3 shards hold their full parameters (every rank must enter it, in the same order).
+    With ``modifier_rank``, what that rank writes into them is kept (broadcast and re-partitioned at exit);
+    otherwise writes are lost. Without ZeRO-3 shards, nothing to do."""
+    if not any(hasattr(param, "ds_id") for param in params):
         return nullcontext()
     import deepspeed
 
-    return deepspeed.zero.GatheredParameters([param], modifier_rank=None)
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank)
 
 
 def hf_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
@@ -78,5 +81,21 @@ def hf_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Iter
     Under ZeRO-3 every rank must run the whole iteration.
     """
     for name, param in model.named_parameters():
-        with gathered(param):
+        with gathered([param]):
             yield name, param.detach().to(dtype=dtype or param.dtype, copy=True)
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s parameters are DeepSpeed ZeRO-3 shards."""
+    return any(hasattr(param, "ds_id") for param in model.parameters())
+
+
+def gathered_copy(model: PreTrainedModel, into: PreTrainedModel | None = None) -> PreTrainedModel:
+    """A plain (unsharded) copy of the ZeRO-3 transformers model ``model``, in eval mode; ``into``, a copy
+    made before, is refreshed in place. Every rank must call it (see :func:`hf_weights`)."""
+    if into is None or into is model:
+        with torch.random.fork_rng(devices=[]):  # the copy's random init must not move the sampling RNG
+            into = type(model)(model.config)
+    for name, tensor in hf_weights(model):
+        into.get_parameter(name).data = tensor
+    return into.to(tensor.device).eval()  # the buffers (rotary tables) join the weights' device
