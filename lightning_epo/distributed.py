@@ -39,9 +39,19 @@ def accumulation_boundary(strategy: Strategy, last: bool) -> Iterator[None]:
     DDP: passes before the last skip the gradient all-reduce (they accumulate locally); the last one
     averages the accumulated gradients over ranks. DeepSpeed: sets the engine's accumulation boundary
     (``engine.step()`` after the last pass applies the update). One process: nothing to do.
+
+    DeepSpeed's ZeRO optimizer advances its accumulation state (ZeRO-3: ``micro_step_id``, without which
+    each backward pass overwrites the previous one's gradients instead of adding to them; ZeRO-2: the
+    per-pass gradient buffers) in ``clear_backward_seen_flag()``, which ``engine.forward()`` calls first.
+    Lightning runs the whole ``training_step`` inside one ``engine.forward()``, and the module calls the
+    actor and critic directly, so each pass calls it here. (Routing every micro-batch through
+    ``engine.forward()`` instead would nest the engine's forward in itself.) An internal API: DeepSpeed is
+    pinned, and tests/distributed/test_deepspeed.py compares ZeRO-2/3 with DDP over several micro-batches.
     """
     if is_deepspeed(strategy):
-        strategy.deepspeed_engine.set_gradient_accumulation_boundary(last)
+        engine = strategy.deepspeed_engine
+        engine.optimizer.clear_backward_seen_flag()
+        engine.set_gradient_accumulation_boundary(last)
         yield
     elif not last and isinstance(strategy, ParallelStrategy):
         with strategy.block_backward_sync():
