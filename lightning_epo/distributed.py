@@ -1,10 +1,12 @@
-"""What the update needs to know about Lightning's strategy: DDP / DeepSpeed gradient accumulation.
+"""What the update needs to know about Lightning's strategy: DDP / DeepSpeed gradient accumulation, and
+the full weights of ZeRO-3's sharded parameters.
 
 One optimizer step of the module accumulates several backward passes (micro-batches). Both DDP and
 DeepSpeed ZeRO reduce gradients across ranks inside ``backward``, so
 
 - every rank must run the same number of backward passes per optimizer step (the module pads a rank
-  with fewer micro-batches with zero-weight passes), and
+  with fewer micro-batches with zero-weight passes; under ZeRO-3 every forward all-gathers the shards,
+  so no-grad passes are padded too), and
 - only the last pass of an optimizer step needs to communicate: DDP skips the all-reduce of the others
   (``no_sync`` through Lightning's ``block_backward_sync``; the final all-reduce averages the
   accumulated gradients), DeepSpeed is told where its accumulation boundary is.
@@ -101,11 +103,13 @@ def is_sharded(model: torch.nn.Module) -> bool:
 
 
 def gathered_copy(model: PreTrainedModel, into: PreTrainedModel | None = None) -> PreTrainedModel:
-    """A plain (unsharded) copy of the ZeRO-3 transformers model ``model``, in eval mode; ``into``, a copy
-    made before, is refreshed in place. Every rank must call it (see :func:`hf_weights`)."""
+    """A plain (unsharded) copy of the ZeRO-3 transformers model ``model`` (weights and generation config, whose
+    stop tokens the engines read), in eval mode; ``into``, a copy made before, is refreshed in place. Every
+    rank must call it (see :func:`hf_weights`)."""
     if into is None or into is model:
         with torch.random.fork_rng(devices=[]):  # the copy's random init must not move the sampling RNG
             into = type(model)(model.config)
+        into.generation_config = model.generation_config
     for name, tensor in hf_weights(model):
         into.get_parameter(name).data = tensor
     return into.to(tensor.device).eval()  # the buffers (rotary tables) join the weights' device
