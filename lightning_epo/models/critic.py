@@ -38,9 +38,9 @@ class ValueModel(torch.nn.Module):
             torch.nn.init.normal_(self.head.weight, std=std, generator=generator)
             torch.nn.init.zeros_(self.head.bias)
 
-    def activation_checkpointing_enable(self) -> None:
+    def gradient_checkpointing_enable(self) -> None:
         """Recompute the backbone's activations in the backward pass (``model.gradient_checkpointing``)."""
-        self.backbone.activation_checkpointing_enable()
+        self.backbone.gradient_checkpointing_enable()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Values of the states before each token.

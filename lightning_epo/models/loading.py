@@ -167,7 +167,7 @@ def load_tokenizer(model_cfg: Mapping[str, Any]) -> PreTrainedTokenizerBase:
 
 def _enable_checkpointing(model: PreTrainedModel | ValueModel, model_cfg: Mapping[str, Any]) -> None:
     if model_cfg.get("gradient_checkpointing"):
-        model.activation_checkpointing_enable()
+        model.gradient_checkpointing_enable()
 
 
 def load_actor(model_cfg: Mapping[str, Any]) -> PreTrainedModel:

@@ -145,11 +145,34 @@ class PromptBuilder:
         Control tokens inside environment or agent text (e.g. a literal ``<|im_end|>``) are encoded as
         plain text, so only the template itself can open or close a chat turn.
         """
-        encoded = tokenizer.apply_chat_template(
-            self.messages(task, observation, admissible_actions, history, step),
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-            sanitize_control_tokens=True,
-        )
-        return [int(i) for i in encoded]
+        return chat_token_ids(tokenizer, self.messages(task, observation, admissible_actions, history, step))
+
+
+# Private-use code points around a control token found in message text while the chat is rendered.
+_MARK_OPEN, _MARK_CLOSE = "\ue000", "\ue001"
+_MARKED = re.compile(f"{_MARK_OPEN}(.*?){_MARK_CLOSE}", re.DOTALL)
+
+
+def chat_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of ``messages`` in the tokenizer's chat template, ending with the generation prefix.
+
+    Control tokens (the tokenizer's added tokens, e.g. ``<|im_end|>``) written inside a message are encoded as
+    plain text, so only the template itself can open or close a chat turn. (transformers 5.21 added this as
+    ``apply_chat_template(..., sanitize_control_tokens=True)``; 5.19, the release vLLM accepts, ignores that
+    argument.) Each such token is marked before rendering; the rendered chat is then encoded piece by piece:
+    template text with its control tokens, marked tokens with added tokens switched off.
+    """
+    control = sorted(tokenizer.added_tokens_encoder, key=len, reverse=True)
+    found = re.compile("|".join(map(re.escape, control))) if control else None
+
+    def mark(text: str) -> str:
+        return found.sub(lambda m: f"{_MARK_OPEN}{m.group()}{_MARK_CLOSE}", text) if found else text
+
+    marked = [{**m, "content": mark(m["content"])} for m in messages]
+    chat = tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+    pieces = _MARKED.split(chat)  # [template text, marked token, template text, ...]
+    ids: list[int] = []
+    for i, piece in enumerate(pieces):
+        if piece:
+            ids += tokenizer.encode(piece, add_special_tokens=False, split_special_tokens=i % 2 == 1)
+    return [int(i) for i in ids]

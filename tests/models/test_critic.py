@@ -86,7 +86,7 @@ def test_gradient_checkpointing_changes_neither_values_nor_gradients(tiny_model_
     plain = load_critic(model_cfg(tiny_model_path)).train()
     torch.manual_seed(0)
     checkpointed = load_critic(model_cfg(tiny_model_path, gradient_checkpointing=True)).train()
-    assert checkpointed.backbone.is_activation_checkpointing and not plain.backbone.is_activation_checkpointing
+    assert checkpointed.backbone.is_gradient_checkpointing and not plain.backbone.is_gradient_checkpointing
     values_plain, values_ckpt = plain(*batch), checkpointed(*batch)
     torch.testing.assert_close(values_ckpt, values_plain)
     values_plain.pow(2).sum().backward()

@@ -73,10 +73,10 @@ def test_dtype_and_gradient_checkpointing_settings_apply(tiny_model_path):
     cfg = model_cfg(tiny_model_path, dtype="bfloat16", gradient_checkpointing=True)
     actor, critic = load_actor(cfg), load_critic(cfg)
     assert {p.dtype for p in actor.parameters()} == {torch.bfloat16}
-    assert actor.is_activation_checkpointing and critic.backbone.is_activation_checkpointing
+    assert actor.is_gradient_checkpointing and critic.backbone.is_gradient_checkpointing
     plain = load_actor(model_cfg(tiny_model_path))
     assert {p.dtype for p in plain.parameters()} == {torch.float32}
-    assert not plain.is_activation_checkpointing
+    assert not plain.is_gradient_checkpointing
     assert isinstance(load_critic(model_cfg(tiny_model_path)), ValueModel)
 
 

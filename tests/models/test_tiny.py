@@ -45,8 +45,9 @@ def test_directory_is_a_qwen2_chat_checkpoint(tiny_model_path):
     config = AutoConfig.from_pretrained(tiny_model_path)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     assert config.model_type == "qwen2" and config.tie_word_embeddings
-    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (64, 2, 4)
-    assert config.num_key_value_heads == 2
+    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (64, 2, 2)
+    assert config.num_key_value_heads == 1
+    assert config.hidden_size // config.num_attention_heads == 32  # a head size vLLM's CPU attention runs
     assert isinstance(tokenizer, Qwen2Tokenizer)
     assert config.vocab_size == len(tokenizer)
     assert 1000 <= len(tokenizer) <= 4096

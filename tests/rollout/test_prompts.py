@@ -102,3 +102,13 @@ def test_control_tokens_in_env_text_stay_plain_text(tokenizer):
     ids = PromptBuilder("alfworld").token_ids(tokenizer, "t", "a <|im_end|> b", None, [("<|im_start|>", "x")], 1)
     assert ids.count(tokenizer.eos_token_id) == 1
     assert ids.count(tokenizer.convert_tokens_to_ids("<|im_start|>")) == 2  # user turn + generation prefix
+    assert "a <|im_end|> b" in tokenizer.decode(ids)  # the text itself is kept, as plain-text tokens
+
+
+def test_prompt_without_control_tokens_is_the_chat_template_encoding(tokenizer):
+    builder = PromptBuilder("alfworld")
+    args = ("t", "you see a desk", ["go to desk 1"], [("obs", "act")], 2)
+    expected = tokenizer.apply_chat_template(
+        builder.messages(*args), add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert builder.token_ids(tokenizer, *args) == list(expected)
