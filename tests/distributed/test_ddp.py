@@ -6,11 +6,11 @@ One torchrun launch (``ddp_worker.py``) runs every distributed job of this file;
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil  # a DeepSpeed requirement
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -26,12 +26,14 @@ def launch(worker: str, model_dir: str, out: Path, timeout: float) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                "-m", f"tests.distributed.{worker}", model_dir, str(out)]
-    with subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          start_new_session=True) as process:
+    with subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as process:
         try:
             output, _ = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            for worker_process in psutil.Process(process.pid).children(recursive=True):  # each in a session of its own
+                worker_process.kill()
+            process.kill()
             output, _ = process.communicate()
             pytest.fail(f"{worker} still running after {timeout:.0f} s (a hang):\n{output[-4000:]}")
     assert process.returncode == 0, output[-4000:]

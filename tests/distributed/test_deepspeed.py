@@ -23,7 +23,7 @@ pytestmark = pytest.mark.deepspeed
 @pytest.fixture(scope="module")
 def ds_outputs(tiny_model_path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("deepspeed")
-    launch("deepspeed_worker", tiny_model_path, out, timeout=420)
+    launch("deepspeed_worker", tiny_model_path, out, timeout=600)
     return out
 
 
