@@ -9,10 +9,10 @@ Departures from the paper / reference code (all configurable, paper default firs
 - Aggregation weights are fixed once per RL step over all ranks, so micro-batching, mini-batching
   and data parallelism never change the loss (the reference code normalised per micro-batch).
 - Gradient clipping is per parameter group (actor, critic), as verl clips each model on its own; under
-  DeepSpeed the engine clips (its config's ``gradient_clipping``, over all parameters) and skips
-  overflowing steps itself (``bf16.check_grad_overflow``).
+  DeepSpeed the engine clips (its config's ``gradient_clipping``, over all parameters).
 - An optimizer step whose loss or gradient norm is not finite (on any rank) is skipped and counted
-  (``train/skipped_steps``); ``optim.max_skipped_streak`` skipped steps in a row stop the run.
+  (``train/skipped_steps``), DeepSpeed's steps included; ``optim.max_skipped_streak`` skipped steps in a
+  row stop the run.
 - Python, NumPy and torch are reseeded at every RL step from ``(seed, k, rank)`` (lightning_epo/seeding.py).
 """
 
@@ -113,6 +113,9 @@ class EPOModule(L.LightningModule):
         if self.algo.kl_coef > 0:
             self.reference = load_reference(self.model_cfg)
 
+    def teardown(self, stage: str) -> None:
+        self._hf_zero3_config = None  # the run is over: later loads in this process are not ZeRO-3's
+
     def configure_optimizers(self) -> Any:
         opt = build_optimizer(
             hydra.utils.instantiate(self.optim_cfg.optimizer),
@@ -129,8 +132,19 @@ class EPOModule(L.LightningModule):
         """``t`` reduced over all ranks (``sum`` or ``max``); itself on a single process."""
         return self.trainer.strategy.reduce(t, reduce_op=op) if self.trainer.world_size > 1 else t
 
-    def _micro_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
-        return list(rows.split(self.algo.micro_batch_size))
+    def _micro_batches(self, groups: list[torch.Tensor]) -> list[tuple[torch.Tensor, ...]]:
+        """Each of ``groups`` (row indices) cut into micro-batches of at most ``algo.micro_batch_size`` rows, as
+        many as the rank that needs the most (here some may be empty, see :meth:`_rows_or_first`): DDP and
+        DeepSpeed reduce gradients in every backward pass and every ZeRO-3 forward all-gathers the parameter
+        shards, so all ranks must run the same number of passes."""
+        local = [math.ceil(len(rows) / self.algo.micro_batch_size) for rows in groups]
+        counts = self._reduce(torch.tensor(local, device=self.device), "max").clamp(min=1).tolist()
+        return [rows.tensor_split(count) for rows, count in zip(groups, counts)]
+
+    def _rows_or_first(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows``, or row 0 for an empty micro-batch: a pass whose result is discarded (or weighted 0), run so
+        that this rank takes part in the other ranks' collectives."""
+        return rows if len(rows) else torch.zeros(1, dtype=torch.long, device=self.device)
 
     def _uses_smoothing(self) -> bool:
         return bool(self.algo.epo.enabled and self.algo.epo.smoothing)
@@ -182,15 +196,17 @@ class EPOModule(L.LightningModule):
             out["old_values"] = torch.zeros(shape, device=self.device)
         if self.reference is not None:
             out["ref_logprobs"] = torch.zeros(shape, device=self.device)
-        for rows in self._micro_batches(torch.arange(len(batch), device=self.device)):
-            mb = batch.select(rows)
+        (micro_batches,) = self._micro_batches([torch.arange(len(batch), device=self.device)])
+        for rows in micro_batches:
+            mb = batch.select(self._rows_or_first(rows))
             length = mb.input_ids.shape[1]
-            logprob, entropy = self._token_outputs(mb)
-            out["old_logprobs"][rows, :length], out["entropy"][rows, :length] = logprob, entropy
+            outputs = dict(zip(("old_logprobs", "entropy"), self._token_outputs(mb)))
             if self.critic is not None:
-                out["old_values"][rows, :length] = self.critic(mb.input_ids, mb.attention_mask)
+                outputs["old_values"] = self.critic(mb.input_ids, mb.attention_mask)
             if self.reference is not None:
-                out["ref_logprobs"][rows, :length] = self._token_outputs(mb, self.reference)[0]
+                outputs["ref_logprobs"] = self._token_outputs(mb, self.reference)[0]
+            for name, value in outputs.items():
+                out[name][rows, :length] = value[: len(rows)]
         return out
 
     def _advantages(self, batch: RolloutBatch, old: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -258,20 +274,17 @@ class EPOModule(L.LightningModule):
         for _ in range(self.algo.ppo_epochs):
             order = torch.randperm(len(batch), generator=generator).to(self.device)
             minis = order.tensor_split(self.algo.mini_batches)
-            local = [math.ceil(len(m) / self.algo.micro_batch_size) for m in minis]
-            counts = self._reduce(torch.tensor(local, device=self.device), "max").clamp(min=1).tolist()
-            for mini, count in zip(minis, counts):
+            for mini, micro_batches in zip(minis, self._micro_batches(minis)):
                 opt.zero_grad()
-                nonfinite = torch.zeros((), device=self.device)
                 kl_before = sums.get("approx_kl", 0.0)
-                for i, rows in enumerate(mini.tensor_split(count)):
-                    with accumulation_boundary(self.trainer.strategy, last=i == count - 1):
-                        nonfinite += self._accumulate(batch, targets, settings, rows, scale, sums)
+                for i, rows in enumerate(micro_batches):
+                    with accumulation_boundary(self.trainer.strategy, last=i == len(micro_batches) - 1):
+                        self._accumulate(batch, targets, settings, rows, scale, sums)
                 ran += 1
                 if self._kl_exceeded(sums["approx_kl"] - kl_before, targets.pg_weights[mini].sum()):
                     opt.zero_grad()
                     return self._mean_terms(sums, ran), steps
-                self._clip_and_step(opt, nonfinite)
+                self._clip_and_step(opt)
                 steps += 1
         return self._mean_terms(sums, ran), steps
 
@@ -291,26 +304,29 @@ class EPOModule(L.LightningModule):
     def _accumulate(
         self, batch: RolloutBatch, targets: StepTargets, settings: ObjectiveSettings, rows: torch.Tensor,
         scale: float, sums: dict[str, float],
-    ) -> torch.Tensor:
-        """Backward of the micro-batch ``rows``, adding its terms to ``sums``; returns 1 if its loss is not
-        finite. An empty micro-batch (this rank has fewer rows than another rank's micro-batch count) runs
-        a zero-weight pass on row 0, so that this rank takes part in the gradient reduction."""
+    ) -> None:
+        """Backward of the micro-batch ``rows``, adding its terms to ``sums``. An empty micro-batch runs a
+        zero-weight pass on row 0 (:meth:`_rows_or_first`). A loss that is not finite makes every gradient of
+        the pass NaN (even where its gradients were finite), so that the step's gradient-norm check skips it
+        on every rank: the module's own, or DeepSpeed's over all ranks (:meth:`_clip_and_step`)."""
         weight = 1.0 if len(rows) else 0.0
-        rows = rows if len(rows) else torch.zeros(1, dtype=torch.long, device=self.device)
+        rows = self._rows_or_first(rows)
         mb = batch.select(rows)
         length = mb.input_ids.shape[1]
         logprob, entropy = self._token_outputs(mb)
         values = self.critic(mb.input_ids, mb.attention_mask) if self.critic is not None else None
         loss, terms = epo_objective(logprob, entropy, values, targets.select(rows, length), settings)
-        self.manual_backward(loss * (scale * weight))
+        poison = torch.where(torch.isfinite(loss.detach()), 1.0, float("nan"))  # 1, or NaN for a non-finite loss
+        self.manual_backward(loss * (scale * weight) * poison)
         for name, value in terms.items():
             sums[name] = sums.get(name, 0.0) + weight * float(value)
-        return (~torch.isfinite(loss.detach())).float()
 
-    def _clip_and_step(self, opt: Any, nonfinite_loss: torch.Tensor) -> None:
-        """Clip each parameter group on its own and step; skip (and count) a step whose loss (on any rank)
-        or gradient norm is not finite. Under DeepSpeed the engine owns the step: it clips, skips a step
-        with non-finite gradients (``bf16.check_grad_overflow``), and the count follows what it did."""
+    def _clip_and_step(self, opt: Any) -> None:
+        """Clip each parameter group on its own and step; skip (and count) a step whose gradient norm is not
+        finite (after DDP's average over ranks, so on every rank alike; a non-finite loss makes it so, see
+        :meth:`_accumulate`). Under DeepSpeed the engine owns the step: it clips over all parameters and skips
+        a step whose gradient norm over all ranks is not finite, in fp32 and bf16 alike; the count follows
+        what it did."""
         if is_deepspeed(self.trainer.strategy):
             opt.step()
             skipped = not self.trainer.strategy.deepspeed_engine.was_step_applied()
@@ -319,8 +335,7 @@ class EPOModule(L.LightningModule):
                 torch.nn.utils.clip_grad_norm_(group["params"], self.optim_cfg.grad_clip)
                 for group in opt.optimizer.param_groups
             ]
-            bad_loss = bool(self._reduce(nonfinite_loss, "max") > 0)
-            skipped = bad_loss or not all(torch.isfinite(n) for n in norms)
+            skipped = not all(torch.isfinite(n) for n in norms)
             if not skipped:
                 opt.step()
         opt.zero_grad()

@@ -1,13 +1,16 @@
-"""The multi-GPU trainer pieces: a DeepSpeed ZeRO strategy from a few flags, and the start-up check that
-turns a trainer or rollout engine this machine cannot run (no CUDA, no DeepSpeed, no vLLM) into one line
-naming the fix."""
+"""The data-parallel trainer pieces: a DeepSpeed ZeRO strategy from a few flags (on GPUs, or on CPU processes
+with gloo), and the start-up check that turns a trainer or rollout engine this machine cannot run (no CUDA,
+no DeepSpeed, no vLLM) into one line naming the fix."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 from omegaconf import DictConfig
 
 from lightning_epo.errors import ConfigError, UserError
@@ -67,15 +70,48 @@ def deepspeed_config(
     return config
 
 
-def deepspeed_strategy(stage: int, precision: str, gradient_clipping: float, **options: Any):
-    """Lightning's ``DeepSpeedStrategy`` with :func:`deepspeed_config` (``trainer=deepspeed_stage_2|3``)."""
-    from lightning.pytorch.strategies import DeepSpeedStrategy
+class CPUDeepSpeedStrategy(DeepSpeedStrategy):
+    """Lightning's ``DeepSpeedStrategy`` on CPU processes (gloo), for ``trainer.accelerator=cpu``.
 
-    return DeepSpeedStrategy(config=deepspeed_config(stage, precision, gradient_clipping, **options))
+    DeepSpeed picks its CPU accelerator by itself when there is no CUDA (it JIT-builds a small communication
+    op with g++ on first use). Lightning refuses CPU in three places, overridden here: the CUDA check of
+    ``setup_environment``, the device-index check of ``setup_distributed`` (CPU devices have no index), and
+    ``device_rank=root_device.index`` given to ``deepspeed.initialize`` (None on CPU, which DeepSpeed cannot
+    compare; any rank >= 0 makes it take the process group's world size and rank, and the CPU as device).
+    """
+
+    def setup_environment(self) -> None:
+        DDPStrategy.setup_environment(self)  # DeepSpeedStrategy's parent's, without its CUDA check
+
+    def setup_distributed(self) -> None:
+        reset_seed()
+        self.set_world_ranks()
+        self._init_deepspeed_distributed()
+
+    def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
+        import deepspeed
+
+        engine, deepspeed_optimizer, _, _ = deepspeed.initialize(
+            args=argparse.Namespace(device_rank=self.local_rank),
+            config=self.config,
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dist_init_required=False,
+        )
+        return engine, deepspeed_optimizer
 
 
-def _missing_for_deepspeed() -> list[str]:
-    missing = [] if torch.cuda.is_available() else ["CUDA GPUs"]
+def deepspeed_strategy(stage: int, precision: str, gradient_clipping: float, accelerator: str = "gpu", **options: Any):
+    """Lightning's ``DeepSpeedStrategy`` with :func:`deepspeed_config` (``trainer=deepspeed_stage_2|3``);
+    :class:`CPUDeepSpeedStrategy` when ``accelerator`` is ``cpu``."""
+    strategy = CPUDeepSpeedStrategy if accelerator == "cpu" else DeepSpeedStrategy
+    return strategy(config=deepspeed_config(stage, precision, gradient_clipping, **options))
+
+
+def _missing_for_deepspeed(accelerator: str | None) -> list[str]:
+    missing = [] if accelerator == "cpu" or torch.cuda.is_available() else ["CUDA GPUs"]
     if importlib.util.find_spec("deepspeed") is None:
         missing.append("the deepspeed package")
     return missing
@@ -88,12 +124,12 @@ def check_machine(cfg: DictConfig) -> None:
     trainer = cfg.trainer
     strategy = trainer.get("strategy")
     if isinstance(strategy, DictConfig) and strategy.get("_target_") == DEEPSPEED_FACTORY:
-        missing = _missing_for_deepspeed()
+        missing = _missing_for_deepspeed(trainer.get("accelerator"))
         if missing:
             raise UserError(
-                f"trainer=deepspeed_stage_{strategy.stage} needs {' and '.join(missing)}: on a CUDA machine run "
-                "`pip install -r requirements-deepspeed.txt` (DeepSpeed and accelerate), "
-                "or pick trainer=cpu / gpu / ddp"
+                f"trainer=deepspeed_stage_{strategy.stage} needs {' and '.join(missing)}: install DeepSpeed with "
+                "`pip install -r requirements.txt`, and without GPUs add trainer.accelerator=cpu trainer.devices=2 "
+                "trainer.precision=32-true (CPU processes with gloo), or pick trainer=cpu / ddp"
             )
         if strategy.get("offload_optimizer") and cfg.optim.optimizer._target_ != CPU_ADAM:
             raise ConfigError(
@@ -104,11 +140,6 @@ def check_machine(cfg: DictConfig) -> None:
             raise ConfigError(
                 "algo.target_kl skips an optimizer step after its backward pass, which DeepSpeed's engine does not "
                 "allow for (untested): set algo.target_kl=null, or use trainer=gpu / ddp"
-            )
-        if strategy.stage == 3 and "hf_engine" in str(cfg.rollout.engine.get("_target_")):
-            raise ConfigError(
-                "trainer=deepspeed_stage_3 shards the actor's weights over ranks, which rollout=hf cannot sample "
-                "from: use rollout=vllm (it receives the gathered weights after every update)"
             )
     elif trainer.get("accelerator") in ("gpu", "cuda") and not torch.cuda.is_available():
         raise UserError(

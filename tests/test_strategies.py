@@ -1,15 +1,17 @@
 """Trainer configs: every one composes; DeepSpeed's config carries the clipping, precision and offload
-flags; a trainer this machine cannot run fails at start with one line naming the fix."""
+flags; DeepSpeed on the CPU gets the CPU-capable strategy; a trainer this machine cannot run fails at start
+with one line naming the fix."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy
 from omegaconf import OmegaConf
 
 import lightning_epo.strategies as strategies
 from lightning_epo.errors import UserError
-from lightning_epo.strategies import check_machine, deepspeed_config
+from lightning_epo.strategies import CPUDeepSpeedStrategy, check_machine, deepspeed_config, deepspeed_strategy
 
 TRAINERS = ["cpu", "gpu", "ddp", "deepspeed_stage_2", "deepspeed_stage_3"]
 
@@ -20,7 +22,8 @@ def test_every_trainer_config_composes_and_resolves(compose_cfg, name):
     assert trainer["_target_"] == "lightning.pytorch.Trainer"
     assert trainer["precision"] == ("32-true" if name == "cpu" else "bf16-mixed")
     if name.startswith("deepspeed"):
-        strategy = {k: v for k, v in trainer["strategy"].items() if k != "_target_"}
+        strategy = {k: v for k, v in trainer["strategy"].items() if k not in ("_target_", "accelerator")}
+        assert trainer["strategy"]["accelerator"] == trainer["accelerator"]
         config = deepspeed_config(**strategy)
         assert config["zero_optimization"]["stage"] == int(name[-1])
         assert config["gradient_clipping"] == 1.0  # optim.grad_clip, now applied by DeepSpeed
@@ -52,14 +55,23 @@ def test_gpu_trainer_without_cuda_names_the_cpu_alternatives(compose_cfg):
 
 
 def test_deepspeed_requirements_are_checked_before_anything_is_built(compose_cfg, monkeypatch):
-    monkeypatch.setattr(strategies, "_missing_for_deepspeed", lambda: ["CUDA GPUs", "the deepspeed package"])
-    with pytest.raises(UserError, match=r"needs CUDA GPUs and the deepspeed package: .*requirements-deepspeed.txt"):
+    monkeypatch.setattr(strategies, "_missing_for_deepspeed", lambda accelerator: ["CUDA GPUs", "the deepspeed package"])
+    with pytest.raises(UserError, match=r"needs CUDA GPUs and the deepspeed package: .*requirements.txt.*"
+                                        r"trainer.accelerator=cpu trainer.devices=2"):
         check_machine(compose_cfg("trainer=deepspeed_stage_2"))
-    monkeypatch.setattr(strategies, "_missing_for_deepspeed", lambda: [])
+    monkeypatch.setattr(strategies, "_missing_for_deepspeed", lambda accelerator: [])
     check_machine(compose_cfg("trainer=deepspeed_stage_2"))
+    check_machine(compose_cfg("trainer=deepspeed_stage_3"))  # rollout=hf samples from a gathered copy
     with pytest.raises(UserError, match="optim.optimizer._target_=deepspeed.ops.adam.DeepSpeedCPUAdam"):
         check_machine(compose_cfg("trainer=deepspeed_stage_3", "trainer.strategy.offload_optimizer=true"))
-    with pytest.raises(UserError, match="use rollout=vllm"):
-        check_machine(compose_cfg("trainer=deepspeed_stage_3"))
     with pytest.raises(UserError, match="set algo.target_kl=null"):
         check_machine(compose_cfg("trainer=deepspeed_stage_2", "algo.target_kl=0.02"))
+
+
+def test_deepspeed_on_cpu_needs_no_cuda_and_gets_the_cpu_strategy(compose_cfg):
+    cpu = ["trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]
+    check_machine(compose_cfg("trainer=deepspeed_stage_3", *cpu))  # passes on a machine without CUDA too
+    assert type(deepspeed_strategy(3, "32-true", 1.0, accelerator="cpu")) is CPUDeepSpeedStrategy
+    gpu = deepspeed_strategy(2, "bf16-mixed", 1.0, accelerator="gpu")
+    assert type(gpu) is DeepSpeedStrategy  # GPU runs keep Lightning's strategy unchanged
+    assert gpu.config["zero_optimization"]["stage"] == 2

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from lightning_epo.distributed import gathered
+
 
 class ValueModel(torch.nn.Module):
     """``V(s)`` before every token: a ``Linear(hidden, 1)`` value head on a decoder backbone.
@@ -16,7 +18,9 @@ class ValueModel(torch.nn.Module):
     function of ``input_ids[:, :p]`` only.
 
     The backbone is a headless model (``AutoModel``) loaded from the actor's weights but holding its own
-    parameters. The head is float32 whatever the backbone's dtype, initialised with weights
+    parameters. The head computes in float32 whatever the backbone's dtype: it is made float32 and upcasts its
+    input (DeepSpeed bf16 keeps a bf16 working copy of every parameter, the head included, with float32 master
+    weights in its optimizer: the head then upcasts its weights too). It is initialised with weights
     ``N(0, initializer_range)`` (0.02 for Qwen2, like verl's token-classification critic head) and bias 0,
     so every backbone parameter gets a gradient from the first update.
     """
@@ -25,8 +29,14 @@ class ValueModel(torch.nn.Module):
         super().__init__()
         self.backbone = backbone
         self.head = torch.nn.Linear(backbone.config.hidden_size, 1, dtype=torch.float32)
-        torch.nn.init.normal_(self.head.weight, std=getattr(backbone.config, "initializer_range", 0.02))
-        torch.nn.init.zeros_(self.head.bias)
+        # Under ZeRO-3's zero.Init the head is already an empty shard here: initialise the gathered parameters.
+        # Its own generator, seeded with torch's initial seed (the run's seed), makes the head the same whatever
+        # loading the backbone drew from the global one (ZeRO-3's loading draws differently).
+        generator = torch.Generator().manual_seed(torch.initial_seed())
+        std = getattr(backbone.config, "initializer_range", 0.02)
+        with gathered([self.head.weight, self.head.bias], modifier_rank=0):
+            torch.nn.init.normal_(self.head.weight, std=std, generator=generator)
+            torch.nn.init.zeros_(self.head.bias)
 
     def gradient_checkpointing_enable(self) -> None:
         """Recompute the backbone's activations in the backward pass (``model.gradient_checkpointing``)."""
@@ -42,5 +52,6 @@ class ValueModel(torch.nn.Module):
             ``values [N, L]`` float32, ``values[:, 0] = 0``; ``values[:, p] = head(hidden[:, p-1])``.
         """
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [N, L, d]
-        after = self.head(hidden[:, :-1].to(self.head.weight.dtype)).squeeze(-1)  # [N, L-1]: V(s_p) for p = 1..L-1
-        return F.pad(after, (1, 0)).float()  # [N, L]
+        weight, bias = self.head.weight.float(), self.head.bias.float()  # [1, d], [1]
+        after = F.linear(hidden[:, :-1].float(), weight, bias).squeeze(-1)  # [N, L-1]: V(s_p) for p = 1..L-1
+        return F.pad(after, (1, 0))  # [N, L]

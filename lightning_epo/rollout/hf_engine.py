@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from lightning_epo.distributed import gathered_copy, is_sharded
 from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams, stop_token_ids
 
 
@@ -44,8 +45,14 @@ class HFEngine(GenerationEngine):
         self.extra_stop_ids = [int(i) for i in stop_token_ids or []]
 
     def sync_weights(self, actor: torch.nn.Module) -> None:
-        """Sample from ``actor`` (an unwrapped transformers causal LM) from now on."""
-        self.model = actor
+        """Sample from ``actor`` (an unwrapped transformers causal LM) from now on.
+
+        Under DeepSpeed ZeRO-3 (``actor``'s parameters are shards) the engine samples from a full copy held
+        on every rank, refreshed here, as vLLM does: a forward of the sharded actor all-gathers its shards,
+        so every rank would have to run the same number of forward passes, while ranks stop generating
+        (finished rows, finished episodes) at different points. Every rank must call this, in the same order.
+        """
+        self.model = gathered_copy(actor, self.model) if is_sharded(actor) else actor
 
     def stop_ids(self) -> list[int]:
         """The token ids that end a response (sorted, unique; :func:`~lightning_epo.rollout.engine.stop_token_ids`)."""

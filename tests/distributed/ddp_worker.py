@@ -27,6 +27,7 @@ from omegaconf import DictConfig, open_dict
 from torch.utils.data import DataLoader
 
 from lightning_epo.callbacks import BetaSchedule, EntropyWindow
+from lightning_epo.distributed import hf_weights
 from lightning_epo.rollout.batch import RolloutBatch, collate_episodes
 from tests.test_module import synthetic_batch
 
@@ -59,14 +60,16 @@ def rank_batches(rank: int, world: int) -> list[RolloutBatch]:
     return batches
 
 
-def train_fixed(cfg: DictConfig, world: int) -> dict[str, Any]:
-    """Two RL steps on this rank's fixed batches; returns parameters, metrics and the entropy window."""
+def train_fixed(cfg: DictConfig, world: int, strategy: Any = None) -> dict[str, Any]:
+    """Two RL steps on this rank's fixed batches; returns the (full, gathered) parameters, metrics and the
+    entropy window. ``strategy``: Lightning's (default: ``ddp`` on several processes)."""
     rank = int(os.environ.get("RANK", 0))  # torchrun's; the process group starts inside fit
     L.seed_everything(0)
     module = hydra.utils.instantiate(cfg.module)
     window = EntropyWindow(cfg.algo.epo.window)
     trainer = L.Trainer(
-        accelerator="cpu", devices=world, strategy="ddp" if world > 1 else "auto", max_epochs=1, logger=False,
+        accelerator="cpu", devices=world, strategy=strategy or ("ddp" if world > 1 else "auto"), max_epochs=1,
+        logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_train_batches=2,
         use_distributed_sampler=False,  # the batches are this rank's already
         callbacks=[window, BetaSchedule(cfg.total_steps, cfg.algo.epo.beta)],
@@ -74,7 +77,7 @@ def train_fixed(cfg: DictConfig, world: int) -> dict[str, Any]:
     batches = rank_batches(rank, world)
     trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None, collate_fn=lambda b: b))
     return {
-        "params": {n: p.detach().clone() for n, p in module.named_parameters()},
+        "params": dict(hf_weights(module)),
         "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
         "window": list(window.values),
     }

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil  # a DeepSpeed requirement
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -19,16 +20,29 @@ from tests.distributed.ddp_worker import ALGOS, SGD, compose_cfg, train_fixed
 REPO = Path(__file__).resolve().parents[2]
 
 
+def launch(worker: str, model_dir: str, out: Path, timeout: float) -> None:
+    """``python -m tests.distributed.<worker> MODEL_DIR OUT`` on 2 CPU processes (torchrun, gloo). Past
+    ``timeout`` seconds (a collective that never pairs up hangs) every process is killed and the test fails."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", f"tests.distributed.{worker}", model_dir, str(out)]
+    with subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as process:
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for worker_process in psutil.Process(process.pid).children(recursive=True):  # each in a session of its own
+                worker_process.kill()
+            process.kill()
+            output, _ = process.communicate()
+            pytest.fail(f"{worker} still running after {timeout:.0f} s (a hang):\n{output[-4000:]}")
+    assert process.returncode == 0, output[-4000:]
+
+
 @pytest.fixture(scope="module")
 def ddp_outputs(tiny_model_path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ddp")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "tests.distributed.ddp_worker", tiny_model_path, str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    launch("ddp_worker", tiny_model_path, out, timeout=600)
     return out
 
 

@@ -20,4 +20,4 @@ def test_deepspeed_trainer_without_cuda_or_deepspeed_fails_with_one_line(tmp_pat
     assert "Traceback" not in result.stderr
     line = last_line(result.stderr)
     assert line.startswith("error: trainer=deepspeed_stage_2 needs ")
-    assert "pip install -r requirements-deepspeed.txt" in line
+    assert "pip install -r requirements.txt" in line and "trainer.accelerator=cpu" in line

@@ -100,3 +100,26 @@ def test_values_stay_float32_on_a_bfloat16_backbone(tiny_model_path, batch):
     critic = load_critic(model_cfg(tiny_model_path, dtype="bfloat16"))
     assert critic.backbone.dtype == torch.bfloat16
     assert critic(*batch).dtype == torch.float32
+
+
+def test_a_bfloat16_head_still_computes_in_float32(tiny_model_path, batch):
+    """DeepSpeed bf16 casts every parameter to bf16, the head included: its product is still float32."""
+    critic = load_critic(model_cfg(tiny_model_path))
+    critic.head.to(torch.bfloat16)
+    input_ids, attention_mask = batch
+    with torch.no_grad():
+        hidden = critic.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.double()
+        expected = (hidden @ critic.head.weight.double().T + critic.head.bias.double()).squeeze(-1)  # [N, L]
+        values = critic(input_ids, attention_mask)
+    assert values.dtype == torch.float32
+    torch.testing.assert_close(values[:, 1:].double(), expected[:, :-1], rtol=1e-5, atol=1e-6)
+
+
+def test_head_init_does_not_depend_on_what_loading_drew_from_the_global_generator(tiny_model_path):
+    """ZeRO-3's loading draws other random numbers than a plain load: the head must not follow them."""
+    torch.manual_seed(0)
+    plain = load_critic(model_cfg(tiny_model_path))
+    torch.manual_seed(0)
+    torch.rand(100)
+    drawn = load_critic(model_cfg(tiny_model_path))
+    assert torch.equal(plain.head.weight, drawn.head.weight)

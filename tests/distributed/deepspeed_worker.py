@@ -1,0 +1,61 @@
+"""One rank of a 2-process CPU (gloo) DeepSpeed run, launched by ``torchrun`` from test_deepspeed.py.
+
+    python -m torch.distributed.run --nproc_per_node 2 -m tests.distributed.deepspeed_worker MODEL_DIR OUT_DIR
+
+Every DeepSpeed job of the tests, in one launch (process start-up dominates on a small CPU):
+
+- ``fixed-<strategy>``: ddp_worker's two RL steps on fixed episodes (SGD, several micro-batches per
+  mini-batch, ranks with different micro-batch counts) under DDP, ZeRO-2 and ZeRO-3, saved as
+  ``OUT_DIR/fixed-<strategy>-rank<r>.pt``.
+- ``nonfinite-zero<stage>``: the same with a NaN loss (finite gradients) at every step, saved likewise.
+- ``resume``: gridworld under ZeRO-3 with ``rollout=expert``: two RL steps with ``export_policy=true``
+  (``OUT_DIR/full``), and one step, stopped, then resumed with ``ckpt_path=last`` (``OUT_DIR/resumed``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+import lightning_epo.module as module_lib
+from lightning_epo.strategies import deepspeed_strategy
+from tests.distributed.ddp_worker import SGD, compose_cfg, train_fixed
+from tests.test_nonfinite_guard import PoisonFrom, nan_loss_objective
+
+STRATEGIES = ("ddp", "zero2", "zero3")
+RESUME = [
+    "debug=fast", "logger=csv", "~callbacks.progress_bar", "test_every=1000", "rollout=expert", "algo.micro_batch_size=2",
+    "trainer=deepspeed_stage_3", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
+]
+
+
+def strategy(name: str, grad_clip: float):
+    """Lightning's ``ddp``, or the project's DeepSpeed strategy on CPU (``zero2`` / ``zero3``)."""
+    return "ddp" if name == "ddp" else deepspeed_strategy(int(name[-1]), "32-true", grad_clip, accelerator="cpu")
+
+
+def main(model_dir: str, out_dir: str) -> None:
+    from lightning_epo.run import run
+
+    out, rank = Path(out_dir), os.environ["RANK"]
+    cfg = compose_cfg(model_dir, f"{out_dir}/fixed", "algo=ppo_epo", *SGD)
+    for name in STRATEGIES:
+        result = train_fixed(cfg, world=2, strategy=strategy(name, cfg.optim.grad_clip))
+        torch.save(result, out / f"fixed-{name}-rank{rank}.pt")
+    real_objective, poison = module_lib.epo_objective, PoisonFrom(step=0)
+    poison.on = True  # at every step (not registered as a callback)
+    module_lib.epo_objective = nan_loss_objective(poison)
+    for name in ("zero2", "zero3"):
+        result = train_fixed(cfg, world=2, strategy=strategy(name, cfg.optim.grad_clip))
+        torch.save(result, out / f"nonfinite-{name}-rank{rank}.pt")
+    module_lib.epo_objective = real_objective
+    run(compose_cfg(model_dir, f"{out_dir}/full", *RESUME, "export_policy=true"))
+    run(compose_cfg(model_dir, f"{out_dir}/resumed", *RESUME, "stop_at_step=1"))
+    run(compose_cfg(model_dir, f"{out_dir}/resumed", *RESUME, "ckpt_path=last"))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

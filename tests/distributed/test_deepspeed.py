@@ -1,0 +1,104 @@
+"""DeepSpeed ZeRO-2/3 on CPU (gloo, 2 processes launched by torchrun): the DDP update, uneven micro-batch counts,
+exact resume, the exported policy, and skipped non-finite steps.
+
+One torchrun launch (``deepspeed_worker.py``) runs every DeepSpeed job of this file; the tests read its outputs.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.distributed.ddp_worker import rank_batches
+from tests.distributed.test_ddp import launch, load
+
+pytestmark = pytest.mark.deepspeed
+
+
+@pytest.fixture(scope="module")
+def ds_outputs(tiny_model_path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("deepspeed")
+    launch("deepspeed_worker", tiny_model_path, out, timeout=600)
+    return out
+
+
+def consolidated(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The fp32 weights of the run's ZeRO checkpoint ``last.ckpt``, consolidated by DeepSpeed's own tool."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return get_fp32_state_dict_from_zero_checkpoint(str(run_dir / "checkpoints" / "last.ckpt"))
+
+
+def losses_at(run_dir: Path, step: int) -> dict[str, float]:
+    rows = list(csv.DictReader((run_dir / "csv" / "metrics.csv").open()))
+    (row,) = [r for r in rows if r["step"] == str(step) and r["loss/total"]]
+    return {k: float(v) for k, v in row.items() if k.startswith("loss/") and v}
+
+
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_zero_makes_the_ddp_update(ds_outputs, tiny_model_path, stage):
+    """Two RL steps with SGD, several micro-batches per mini-batch (actor and critic): every parameter (gathered
+    from the shards) and every logged loss equal DDP's. ZeRO-3 accumulating only the last micro-batch's gradient
+    (or a critic head left at Linear's default initialisation) fails here."""
+    ddp = load(ds_outputs / "fixed-ddp-rank0.pt")
+    for rank in (0, 1):
+        zero = load(ds_outputs / f"fixed-{stage}-rank{rank}.pt")
+        for key in ("loss/policy", "loss/entropy", "loss/value", "loss/smooth", "loss/total"):
+            assert zero["metrics"][key] == pytest.approx(ddp["metrics"][key], rel=1e-5, abs=1e-7), key
+        assert zero["params"].keys() == ddp["params"].keys()
+        for name, value in ddp["params"].items():
+            torch.testing.assert_close(zero["params"][name], value, rtol=1e-5, atol=1e-6, msg=name)
+    initial = load_file(str(Path(tiny_model_path) / "model.safetensors"))
+    moved = [n for n, p in initial.items() if not torch.equal(ddp["params"][f"actor.{n}"], p)]
+    assert moved  # the comparison covered an actor that the update moved
+
+
+def test_ranks_with_different_micro_batch_counts_finish(ds_outputs):
+    """Every ZeRO-3 forward all-gathers the shards: a rank with fewer micro-batches (here in the old-policy pass
+    and the update of the first step) must still run as many passes, or the launch hangs past its timeout."""
+    counts = [[math.ceil(len(b) / 3) for b in rank_batches(rank, 2)] for rank in (0, 1)]  # micro_batch_size=3 (SGD)
+    assert counts[0][0] != counts[1][0]
+    for rank in (0, 1):
+        assert load(ds_outputs / f"fixed-zero3-rank{rank}.pt")["window"]  # both RL steps ran to the end
+
+
+def test_resume_at_step_1_equals_the_uninterrupted_run(ds_outputs):
+    """ZeRO-3, gridworld: stop after one RL step, resume with ``ckpt_path=last``: the same losses at step 1 and the
+    same weights, optimizer state and all, as two uninterrupted steps."""
+    full, resumed = ds_outputs / "full", ds_outputs / "resumed"
+    assert losses_at(resumed, 1) == pytest.approx(losses_at(full, 1), rel=1e-6)
+    assert losses_at(resumed, 0) == pytest.approx(losses_at(full, 0), rel=1e-6)
+    expected, got = consolidated(full), consolidated(resumed)
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_exported_policy_under_zero3_equals_the_consolidated_weights(ds_outputs, tiny_model_path):
+    """``export_policy=true`` gathers the shards one parameter at a time: the same tensors as DeepSpeed's own
+    consolidation of the run's last checkpoint."""
+    exported = load_file(str(ds_outputs / "full" / "policy" / "model.safetensors"))
+    actor = {n.removeprefix("actor."): v for n, v in consolidated(ds_outputs / "full").items() if n.startswith("actor.")}
+    assert actor.keys() - exported.keys() == {"lm_head.weight"}  # tied to the embeddings: saved once
+    assert torch.equal(actor["lm_head.weight"], exported["model.embed_tokens.weight"])
+    for name, value in exported.items():
+        assert torch.equal(value, actor[name]), name
+    initial = load_file(str(Path(tiny_model_path) / "model.safetensors"))
+    assert any(not torch.equal(exported[n], p) for n, p in initial.items())  # trained weights, not the start
+
+
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_nonfinite_step_is_skipped_and_counted(ds_outputs, tiny_model_path, stage):
+    """A NaN loss (with finite gradients, so only the module's own check can catch it) at both RL steps: both
+    optimizer steps are skipped and counted, and the actor keeps its initial weights."""
+    for rank in (0, 1):
+        result = load(ds_outputs / f"nonfinite-{stage}-rank{rank}.pt")
+        assert result["metrics"]["train/skipped_steps"] == 2
+        initial = load_file(str(Path(tiny_model_path) / "model.safetensors"))
+        for name, value in initial.items():
+            assert torch.equal(result["params"][f"actor.{name}"], value), name
