@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from lightning_epo.callbacks.wandb_setup import finish_wandb_run
 from lightning_epo.config import resolve_ckpt_path, validate
+from lightning_epo.models.loading import model_source
 from lightning_epo.resolvers import register_resolvers
 from lightning_epo.strategies import check_machine
 from lightning_epo.warm_start import command_line_overrides, run_warm_start, start_from
@@ -34,6 +35,9 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]
     ``eval.json``); returns the final metrics. ``overrides``: the command line's (for the warm start to inherit)."""
     validate(cfg)
     check_machine(cfg)
+    # The tiny model is built here, once, before any trainer starts: inside the module's configure_model a
+    # ZeRO-3 rank would build it under zero.Init (empty parameter shards), several ranks at once.
+    model_source(cfg.model)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
