@@ -69,3 +69,18 @@ def test_val_at_start_logs_the_starting_level_at_step_0(compose_cfg, tmp_path):
     with open(tmp_path / "run" / "csv" / "metrics.csv") as f:
         val_steps = [int(row["step"]) for row in csv.DictReader(f) if row.get("val/iid/success")]
     assert val_steps == [0, 1]  # before the first update, then after RL step 2 (Lightning's step index 1)
+
+
+def test_tiny_model_is_built_before_any_trainer_starts(compose_cfg, tmp_path, monkeypatch):
+    """Built inside the module's configure_model, a ZeRO-3 rank builds it under zero.Init, several ranks at once
+    (a fresh trainer=deepspeed_stage_3 run left data/tiny_model with tokenizer files only)."""
+    from lightning_epo import run as run_module
+
+    def no_trainer(*args, **kwargs):
+        raise RuntimeError("no objects in this test")
+
+    monkeypatch.setattr(run_module.hydra.utils, "instantiate", no_trainer)
+    cfg = compose_cfg(*FAST, f"model.name_or_path={tmp_path / 'fresh_tiny'}", "model.build_if_missing=true")
+    with pytest.raises(RuntimeError, match="no objects"):
+        run(cfg)
+    assert (tmp_path / "fresh_tiny" / "model.safetensors").is_file()
