@@ -50,6 +50,21 @@ def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+def assert_same_update(run: dict, reference: dict, metrics: tuple[str, ...]) -> None:
+    """``run``'s logged ``metrics`` and every parameter equal ``reference``'s (rel 1e-5)."""
+    for key in metrics:
+        assert run["metrics"][key] == pytest.approx(reference["metrics"][key], rel=1e-5, abs=1e-7), key
+    assert run["params"].keys() == reference["params"].keys()
+    for name, value in reference["params"].items():
+        torch.testing.assert_close(run["params"][name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def assert_actor_moved(run: dict, model_dir: str) -> None:
+    """The update changed the actor, so an equality of parameters covered a real step."""
+    initial = load_file(str(Path(model_dir) / "model.safetensors"))
+    assert [n for n, p in initial.items() if not torch.equal(run["params"][f"actor.{n}"], p)]
+
+
 @pytest.mark.parametrize("algo", ALGOS)
 def test_two_ranks_make_the_single_process_update(ddp_outputs, tiny_model_path, tmp_path, algo):
     """Rank r holds half of the trajectories; with SGD the update is linear in the gradient, so the
@@ -60,13 +75,9 @@ def test_two_ranks_make_the_single_process_update(ddp_outputs, tiny_model_path, 
     assert "loss/smooth" in single["metrics"]  # the second step used L_smooth
     for rank in ranks:
         assert rank["window"] == pytest.approx(single["window"], rel=1e-5)
-        for key in ("loss/policy", "loss/entropy", "loss/smooth", "loss/total", "epo/entropy_ref"):
-            assert rank["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-5, abs=1e-7), key
-        for name, value in single["params"].items():
-            torch.testing.assert_close(rank["params"][name], value, rtol=1e-5, atol=1e-6, msg=name)
-    initial = load_file(str(Path(tiny_model_path) / "model.safetensors"))
-    moved = [n for n, p in initial.items() if not torch.equal(single["params"][f"actor.{n}"], p)]
-    assert moved  # the comparison covered an actor that the update moved
+        keys = ("loss/policy", "loss/entropy", "loss/smooth", "loss/total", "epo/entropy_ref")
+        assert_same_update(rank, single, keys)
+    assert_actor_moved(single, tiny_model_path)
 
 
 def test_gridworld_ranks_share_the_entropy_window_and_weights(ddp_outputs):

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.distributed.ddp_worker import rank_batches
-from tests.distributed.test_ddp import launch, load
+from tests.distributed.test_ddp import assert_actor_moved, assert_same_update, launch, load
 
 pytestmark = pytest.mark.deepspeed
 
@@ -48,14 +48,8 @@ def test_zero_makes_the_ddp_update(ds_outputs, tiny_model_path, stage):
     ddp = load(ds_outputs / "fixed-ddp-rank0.pt")
     for rank in (0, 1):
         zero = load(ds_outputs / f"fixed-{stage}-rank{rank}.pt")
-        for key in ("loss/policy", "loss/entropy", "loss/value", "loss/smooth", "loss/total"):
-            assert zero["metrics"][key] == pytest.approx(ddp["metrics"][key], rel=1e-5, abs=1e-7), key
-        assert zero["params"].keys() == ddp["params"].keys()
-        for name, value in ddp["params"].items():
-            torch.testing.assert_close(zero["params"][name], value, rtol=1e-5, atol=1e-6, msg=name)
-    initial = load_file(str(Path(tiny_model_path) / "model.safetensors"))
-    moved = [n for n, p in initial.items() if not torch.equal(ddp["params"][f"actor.{n}"], p)]
-    assert moved  # the comparison covered an actor that the update moved
+        assert_same_update(zero, ddp, ("loss/policy", "loss/entropy", "loss/value", "loss/smooth", "loss/total"))
+    assert_actor_moved(ddp, tiny_model_path)
 
 
 def test_ranks_with_different_micro_batch_counts_finish(ds_outputs):
