@@ -51,5 +51,5 @@ test: setup setup-vllm
 	$(PY) -m pytest -q $(ARGS)
 	$(VLLM_PY) -m pytest -q -m vllm $(ARGS)
 
-test-slow: setup setup-vllm
+test-slow: setup
 	$(PY) -m pytest -q -m slow $(ARGS)
