@@ -1,10 +1,14 @@
-"""Checks of the composed config that Hydra cannot do: types, ranges and registered names.
+"""Checks of the composed config that Hydra cannot do: types, ranges and registered names, all at start.
 
-Hydra already rejects unknown keys (``Key 'x' is not in struct``) and unknown group options.
+Hydra already rejects unknown keys (``Key 'x' is not in struct``) and unknown group options. Every number and
+switch of the configs has a rule in :data:`RULES` (a key absent from the composed config, e.g. another
+environment's, is skipped); the checks that relate several keys follow in :func:`validate`. Lightning checks
+the ``trainer.*`` and ``logger.*`` arguments itself.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig
@@ -15,26 +19,145 @@ from lightning_epo.errors import ConfigError
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
-def _int(cfg: DictConfig, key: str, minimum: int = 1, optional: bool = False) -> None:
-    value = _lookup(cfg, key)
-    if value is None and optional:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{key} must be an integer >= {minimum}{' or null' if optional else ''}, got {value!r}")
+@dataclass(frozen=True)
+class Rule:
+    """What a setting may hold: an integer, a number (int or float) or a switch; ``low`` / ``high`` bound a
+    number (``open_low`` / ``open_high``: strictly); ``optional``: null is allowed too; ``example``: a valid value
+    for the message."""
+
+    kind: str  # "integer" | "number" | "bool"
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    open_high: bool = False
+    optional: bool = False
+    example: object = None
+
+    def accepts(self, value: object) -> bool:
+        """Whether ``value`` satisfies the rule (booleans are never numbers here: YAML's ``true`` is no 1)."""
+        if value is None:
+            return self.optional
+        if self.kind == "bool":
+            return isinstance(value, bool)
+        types = (int,) if self.kind == "integer" else (int, float)
+        if not isinstance(value, types) or isinstance(value, bool) or value != value:  # NaN fails every bound
+            return False
+        above = self.low is None or (value > self.low if self.open_low else value >= self.low)
+        below = self.high is None or (value < self.high if self.open_high else value <= self.high)
+        return above and below
+
+    def describe(self) -> str:
+        """``an integer >= 1``, ``a number in (0, 1]``, ``true or false`` ... (+ ``or null``, + an example)."""
+        if self.kind == "bool":
+            text = "true or false (unquoted)"
+        else:
+            text = "an integer" if self.kind == "integer" else "a number"
+            if self.low is not None and self.high is not None:
+                text += f" in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
+            elif self.low is not None:
+                text += f" {'>' if self.open_low else '>='} {self.low:g}"
+            elif self.high is not None:
+                text += f" {'<' if self.open_high else '<='} {self.high:g}"
+        if self.example is not None:
+            text += f" (e.g. {self.example})"
+        return text + (" or null" if self.optional else "")
 
 
-def _number_above(cfg: DictConfig, key: str, bound: float, example: float) -> None:
-    """``key`` must be null or a number > ``bound``."""
-    value = _lookup(cfg, key)
-    if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= bound):
-        raise ConfigError(f"{key} must be a number > {bound} (e.g. {example}) or null, got {value!r}")
+def integer(minimum: int = 1, maximum: int | None = None, optional: bool = False) -> Rule:
+    """An integer in ``[minimum, maximum]`` (no upper bound when ``maximum`` is None)."""
+    return Rule("integer", low=minimum, high=maximum, optional=optional)
 
 
-def _lookup(cfg: DictConfig, dotted: str):
-    node = cfg
+def number(low: float | None = None, high: float | None = None, open_low: bool = False, open_high: bool = False,
+           optional: bool = False, example: object = None) -> Rule:
+    """A number (int or float) within the given bounds."""
+    return Rule("number", low, high, open_low, open_high, optional, example)
+
+
+SWITCH = Rule("bool")
+POSITIVE = number(0, open_low=True)
+NON_NEGATIVE = number(0)
+FRACTION = number(0, 1)          # [0, 1]
+TEMPERATURE = number(0, example="1.0; 0 is greedy")
+TOP_P = number(0, 1, open_low=True)
+
+RULES: dict[str, Rule] = {
+    # run
+    "total_steps": integer(), "test_every": integer(), "seed": integer(0), "stop_at_step": integer(optional=True),
+    "torch_threads": integer(optional=True), "export_policy": SWITCH, "val_at_start": SWITCH,
+    # data and sampling
+    "data.episodes_per_step": integer(), "data.oversample": integer(),
+    "data.train_sampling.temperature": TEMPERATURE, "data.train_sampling.top_p": TOP_P,
+    "data.val_sampling.temperature": TEMPERATURE, "data.val_sampling.top_p": TOP_P,
+    "data.val_engine.batch_size": integer(),
+    # environment
+    "env.max_turns": integer(), "env.history_length": integer(0), "env.val_size": integer(optional=True),
+    "env.invalid_action_penalty": NON_NEGATIVE, "env.pool_size": integer(),
+    "env.pool.step_timeout_s": POSITIVE, "env.pool.reset_timeout_s": POSITIVE,
+    "env.suite.size": integer(3), "env.suite.ood_size": integer(3), "env.suite.min_distance": integer(),
+    "env.suite.max_distance": integer(), "env.suite.ood_min_distance": integer(), "env.suite.ood_max_distance": integer(),
+    "env.suite.wall_density": number(0, 1, open_high=True), "env.suite.num_train_tasks": integer(),
+    "env.suite.num_eval_tasks": integer(), "env.suite.success_reward": POSITIVE, "env.suite.cache_size": integer(),
+    "env.suite.jvm_heap_mb": integer(256), "env.suite.gold_path": SWITCH,
+    # algorithm
+    "algo.group_size": integer(), "algo.ppo_epochs": integer(), "algo.mini_batches": integer(),
+    "algo.micro_batch_size": integer(), "algo.critic": SWITCH, "algo.whiten_advantages": SWITCH,
+    "algo.clip_low": number(0, 1, open_low=True, open_high=True), "algo.clip_high": POSITIVE,
+    "algo.dual_clip": number(1, open_low=True, optional=True, example=3.0),
+    "algo.value_coef": NON_NEGATIVE, "algo.value_clip": number(0, open_low=True, optional=True, example=10.0),
+    "algo.entropy_coef": NON_NEGATIVE, "algo.kl_coef": NON_NEGATIVE,
+    "algo.target_kl": number(0, open_low=True, optional=True, example=0.02),
+    "algo.gae.gamma": FRACTION, "algo.gae.lam": FRACTION,
+    "algo.grpo.eps": POSITIVE, "algo.grpo.norm_by_std": SWITCH,
+    "algo.gigpo.eps": POSITIVE, "algo.gigpo.norm_by_std": SWITCH, "algo.gigpo.gamma": FRACTION,
+    "algo.gigpo.step_weight": NON_NEGATIVE,
+    "algo.advantage_shaping.alpha": NON_NEGATIVE, "algo.advantage_shaping.kappa": POSITIVE,
+    "algo.epo.enabled": SWITCH, "algo.epo.smoothing": SWITCH, "algo.epo.kappa_l": NON_NEGATIVE,
+    "algo.epo.kappa_r": POSITIVE, "algo.epo.alpha": NON_NEGATIVE, "algo.epo.beta_start": NON_NEGATIVE,
+    "algo.epo.beta_end": NON_NEGATIVE, "algo.epo.lambda_d": POSITIVE,
+    # model
+    "model.max_prompt_tokens": integer(), "model.logits_chunk_size": integer(optional=True),
+    "model.trust_remote_code": SWITCH, "model.gradient_checkpointing": SWITCH, "model.build_if_missing": SWITCH,
+    "model.tiny.vocab_size": integer(), "model.tiny.hidden_size": integer(), "model.tiny.intermediate_size": integer(),
+    "model.tiny.num_layers": integer(), "model.tiny.num_heads": integer(), "model.tiny.num_kv_heads": integer(),
+    "model.tiny.seed": integer(0), "model.tiny.init_std": POSITIVE,
+    # rollout
+    "rollout.max_new_tokens": integer(), "rollout.think": SWITCH, "rollout.expert_actions": SWITCH,
+    "rollout.engine.batch_size": integer(), "rollout.engine.explore_prob": FRACTION,
+    "rollout.engine.gpu_memory_utilization": number(0, 1, open_low=True),
+    "rollout.engine.kv_cache_gib": number(0, open_low=True, optional=True, example=4),
+    "rollout.engine.sleep_level": integer(1, 2), "rollout.engine.enable_sleep_mode": SWITCH,
+    "rollout.engine.enable_prefix_caching": SWITCH,
+    # optimisation
+    "optim.actor_lr": number(0, example="3e-4; 0 freezes the actor"), "optim.critic_lr": NON_NEGATIVE,
+    "optim.warmup_ratio": number(0, 1, open_high=True), "optim.min_lr_ratio": FRACTION,
+    "optim.grad_clip": POSITIVE, "optim.max_skipped_streak": integer(optional=True),
+    "optim.optimizer.weight_decay": NON_NEGATIVE,
+    # metrics and callbacks
+    "metrics.edge_turns": integer(), "metrics.edge_tokens": integer(),
+    "callbacks.checkpoint.every_n_rl_steps": integer(), "callbacks.rollout_samples.num_episodes": integer(0),
+}
+
+
+_ABSENT = object()
+
+
+def _lookup(cfg: DictConfig, dotted: str) -> object:
+    """The value at ``dotted`` (interpolations resolved), or ``_ABSENT`` when a part of the path is missing."""
+    node: object = cfg
     for part in dotted.split("."):
-        node = node.get(part)
+        if not isinstance(node, DictConfig) or part not in node:
+            return _ABSENT
+        node = node[part]
     return node
+
+
+def check_rules(cfg: DictConfig) -> None:
+    """Every key of :data:`RULES` present in ``cfg`` holds what its rule allows."""
+    for key, rule in RULES.items():
+        value = _lookup(cfg, key)
+        if value is not _ABSENT and not rule.accepts(value):
+            raise ConfigError(f"{key} must be {rule.describe()}, got {value!r}")
 
 
 def _choice(value: object, valid: list[str], key: str) -> None:
@@ -45,20 +168,18 @@ def _choice(value: object, valid: list[str], key: str) -> None:
 def validate(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` with one line naming the key and the fix."""
     _choice(cfg.mode, ["train", "eval"], "mode")
-    _int(cfg, "total_steps")
-    _int(cfg, "test_every")
-    _int(cfg, "seed", minimum=0)
-    _int(cfg, "stop_at_step", optional=True)
-    _int(cfg, "optim.max_skipped_streak", optional=True)
+    check_rules(cfg)
     if cfg.stop_at_step is not None and cfg.stop_at_step > cfg.total_steps:
         raise ConfigError(f"stop_at_step={cfg.stop_at_step} is beyond total_steps={cfg.total_steps}")
-    for key in ("env.max_turns", "env.history_length", "data.episodes_per_step", "data.oversample", "algo.group_size",
-                "algo.ppo_epochs", "algo.mini_batches", "algo.micro_batch_size"):
-        _int(cfg, key, minimum=0 if key == "env.history_length" else 1)
     if cfg.data.oversample > 1 and cfg.algo.group_size < 2:
         raise ConfigError(
             f"data.oversample={cfg.data.oversample} needs algo.group_size >= 2 (one rollout per task never mixes wins "
             "and losses): raise algo.group_size or set data.oversample=1"
+        )
+    if cfg.data.episodes_per_step % cfg.algo.group_size:
+        raise ConfigError(
+            f"data.episodes_per_step={cfg.data.episodes_per_step} is not a multiple of algo.group_size="
+            f"{cfg.algo.group_size}: make it one (e.g. data.episodes_per_step={cfg.algo.group_size * 4})"
         )
     algo = cfg.algo
     _choice(algo.advantage, ADVANTAGES.names(), "algo.advantage")
@@ -71,8 +192,8 @@ def validate(cfg: DictConfig) -> None:
     _choice(algo.kl_estimator, KL_ESTIMATORS.names(), "algo.kl_estimator")
     _choice(algo.epo.penalty, PENALTIES.names(), "algo.epo.penalty")
     _choice(algo.loss_agg, ["trajectory", "token", "seq_sum_norm"], "algo.loss_agg")
-    if algo.loss_agg == "seq_sum_norm":
-        _int(cfg, "algo.loss_scale_factor")
+    if algo.loss_agg == "seq_sum_norm" and not integer().accepts(algo.loss_scale_factor):
+        raise ConfigError(f"algo.loss_scale_factor must be {integer().describe()}, got {algo.loss_scale_factor!r}")
     _choice(algo.entropy_decay, ["none", "linear", "cosine"], "algo.entropy_decay")
     if algo.advantage == "gae" and not algo.critic:
         raise ConfigError("algo.advantage=gae needs algo.critic=true (or use algo.advantage=grpo)")
@@ -80,8 +201,7 @@ def validate(cfg: DictConfig) -> None:
         _choice(algo.gae.get("unit", "turn"), ["turn", "token"], "algo.gae.unit")
     if algo.critic and algo.advantage != "gae":
         raise ConfigError(f"algo.critic=true is unused with algo.advantage={algo.advantage}: set algo.critic=false")
-    _number_above(cfg, "algo.target_kl", 0, example=0.02)
-    _number_above(cfg, "algo.dual_clip", 1, example=3.0)  # dual-clip PPO bounds -c A with c > 1
+    _epo_settings(algo.epo)
     if algo.epo.smoothing and not algo.epo.enabled:
         raise ConfigError("algo.epo.smoothing=true has no effect while algo.epo.enabled=false: enable EPO or drop smoothing")
     if algo.mini_batches > 1 and cfg.data.episodes_per_step < algo.mini_batches:
@@ -95,6 +215,16 @@ def validate(cfg: DictConfig) -> None:
             )
     if cfg.ckpt_path not in (None, "last") and not Path(cfg.ckpt_path).exists():  # DeepSpeed saves directories
         raise ConfigError(f"ckpt_path '{cfg.ckpt_path}' does not exist: give a .ckpt file, or ckpt_path=last")
+
+
+def _epo_settings(epo: DictConfig) -> None:
+    """β (a number or ``schedule``), the entropy window (``cumulative`` or a size) and κ_l < κ_r (Eq. 5)."""
+    if epo.beta != "schedule" and not NON_NEGATIVE.accepts(epo.beta):
+        raise ConfigError(f"algo.epo.beta must be 'schedule' (Eq. 7) or {NON_NEGATIVE.describe()}, got {epo.beta!r}")
+    if epo.window != "cumulative" and not integer().accepts(epo.window):
+        raise ConfigError(f"algo.epo.window must be 'cumulative' or {integer().describe()}, got {epo.window!r}")
+    if epo.kappa_l >= epo.kappa_r:
+        raise ConfigError(f"algo.epo.kappa_l={epo.kappa_l} must be below algo.epo.kappa_r={epo.kappa_r} (Eq. 5's range)")
 
 
 def _warm_start(warm_start: DictConfig) -> None:

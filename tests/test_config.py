@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from omegaconf import OmegaConf
 
-from lightning_epo.config import validate
+from lightning_epo.config import RULES, check_rules, validate
 from lightning_epo.errors import ConfigError
 
 
@@ -34,3 +35,55 @@ def test_drgrpo_is_grpo_without_std_normalisation_or_length_normalisation(compos
     validate(cfg)
     assert (cfg.algo.advantage, cfg.algo.grpo.norm_by_std, cfg.algo.loss_agg) == ("grpo", False, "seq_sum_norm")
     assert cfg.algo.loss_scale_factor == 64  # C: the generation cap, a constant for the whole run
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("data.train_sampling.temperature=-1", "data.train_sampling.temperature must be a number >= 0 (e.g. 1.0; 0 is greedy), got -1"),
+        ("data.train_sampling.top_p=0", "data.train_sampling.top_p must be a number in (0, 1], got 0"),
+        ("rollout.max_new_tokens=0", "rollout.max_new_tokens must be an integer >= 1, got 0"),
+        ("optim.actor_lr=abc", "optim.actor_lr must be a number >= 0 (e.g. 3e-4; 0 freezes the actor), got 'abc'"),
+        ("optim.actor_lr=-0.1", "optim.actor_lr must be a number >= 0"),
+        ("optim.grad_clip=-1", "optim.grad_clip must be a number > 0, got -1"),
+        ("env.val_size=-1", "env.val_size must be an integer >= 1 or null, got -1"),
+        ("algo.epo.kappa_r=high", "algo.epo.kappa_r must be a number > 0, got 'high'"),
+        ("model.trust_remote_code='false'", "model.trust_remote_code must be true or false (unquoted), got 'false'"),
+        ("algo.group_size=3", "data.episodes_per_step=16 is not a multiple of algo.group_size=3"),
+        ("algo.epo.window=0", "algo.epo.window must be 'cumulative' or an integer >= 1, got 0"),
+        ("algo.epo.beta=-1", "algo.epo.beta must be 'schedule' (Eq. 7) or a number >= 0, got -1"),
+        ("algo.epo.kappa_l=3", "algo.epo.kappa_l=3 must be below algo.epo.kappa_r=2.0"),
+        ("optim.warmup_ratio=1", "optim.warmup_ratio must be a number in [0, 1), got 1"),
+        ("env.suite.wall_density=nan", "env.suite.wall_density must be a number in [0, 1), got nan"),
+    ],
+)
+def test_bad_values_are_refused_at_start_naming_the_key(compose_cfg, override, expected):
+    with pytest.raises(ConfigError) as error:
+        validate(compose_cfg("data.episodes_per_step=16", override))
+    assert str(error.value).startswith(expected)
+
+
+def _numbers_and_switches(node: object, prefix: str = "") -> dict[str, object]:
+    """The int / float / bool leaves of an unresolved config container (interpolations are strings), without
+    Hydra's own ``_partial_`` / ``_recursive_`` flags."""
+    if isinstance(node, dict):
+        children = {key: child for key, child in node.items() if not str(key).startswith("_")}
+        return {k: v for key, child in children.items() for k, v in _numbers_and_switches(child, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: node} if isinstance(node, (int, float)) else {}  # bool is an int
+
+
+CHECKED_BY_LIGHTNING = ("trainer.", "logger.")  # the Trainer's and loggers' own arguments
+
+
+@pytest.mark.parametrize(
+    "choice",
+    ["experiment=quickstart", "algo=ppo_epo", "algo=grpo_epo", "algo=gigpo_epo", "algo=ppo_ea", "algo=sft",
+     "env=sciworld", "env=alfworld", "rollout=vllm", "rollout=expert", "model=qwen2.5-7b", "trainer=deepspeed_stage_3",
+     "experiment=gridworld_learn", "experiment=paper_sciworld_ppo_epo"],
+)
+def test_every_number_and_switch_of_the_configs_has_a_rule_that_accepts_the_shipped_value(compose_cfg, choice):
+    cfg = compose_cfg(choice)
+    leaves = _numbers_and_switches(OmegaConf.to_container(cfg, resolve=False))
+    unchecked = [key for key in leaves if key not in RULES and not key.startswith(CHECKED_BY_LIGHTNING)]
+    assert not unchecked, f"add a rule to lightning_epo/config.py RULES for: {unchecked}"
+    check_rules(cfg)

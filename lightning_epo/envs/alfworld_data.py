@@ -5,7 +5,7 @@ The games are ALFWorld's TextWorld files, laid out as ``alfworld-download`` leav
 
     <data_dir>/json_2.1.1/{train,valid_seen,valid_unseen}/<task-folder>/<trial>/game.tw-pddl
 
-``data_dir`` is resolved as: the explicit config value (``env.data_dir``), else ``$ALFWORLD_DATA``,
+``data_dir`` is resolved as: the explicit config value (``env.suite.data_dir``), else ``$ALFWORLD_DATA``,
 else ``data/alfworld`` in the repository (what ``python -m lightning_epo.envs.alfworld_data`` unpacks
 from ``../shared/alfworld/alfworld_json_2.1.1.tar.xz``). Unpacking is idempotent: an existing
 ``json_2.1.1/`` (unpacked here or by ``alfworld-download``) is left alone.
@@ -27,7 +27,7 @@ GAME_FILE = "game.tw-pddl"
 
 FIX_HINT = (
     "run `python -m lightning_epo.envs.alfworld_data` (unpacks ../shared/alfworld into data/alfworld), "
-    "or set env.data_dir / $ALFWORLD_DATA to a folder holding json_2.1.1/ (e.g. made by `alfworld-download`)"
+    "or set env.suite.data_dir / $ALFWORLD_DATA to a folder holding json_2.1.1/ (e.g. made by `alfworld-download`)"
 )
 
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m lightning_epo.envs.alfworld_data [--archive A] [--dest D]``."""
     parser = argparse.ArgumentParser(description="Unpack the ALFWorld game files into data/alfworld/.")
     parser.add_argument("--archive", type=Path, default=DEFAULT_ARCHIVE, help="json_2.1.1 tarball")
-    parser.add_argument("--dest", type=Path, default=DEFAULT_DATA_DIR, help="target folder (env.data_dir)")
+    parser.add_argument("--dest", type=Path, default=DEFAULT_DATA_DIR, help="target folder (env.suite.data_dir)")
     args = parser.parse_args(argv)
     try:
         dest = unpack_alfworld(args.archive, args.dest)

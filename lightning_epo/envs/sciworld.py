@@ -293,8 +293,7 @@ class SciWorldSuite(TaskSuite):
         if split_level not in SPLIT_LEVELS:
             raise ConfigError(f"unknown env.suite.split_level {split_level!r}: use one of {', '.join(SPLIT_LEVELS)}")
         _check_simplification(simplification)
-        if jvm_heap_mb < 256:
-            raise ConfigError(f"env.suite.jvm_heap_mb={jvm_heap_mb} is too small for ScienceWorld: use at least 256")
+        require_simulator()  # here, in the parent at start: a worker's JVM start would bury the message
         self.split_level = split_level
         self.simplification = simplification
         self.jvm_heap_mb = jvm_heap_mb

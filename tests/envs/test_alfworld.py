@@ -10,12 +10,14 @@ import importlib.util
 import io
 import os
 import pickle
+import re
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from lightning_epo.envs.alfworld import SPLIT_FOLDERS, AlfWorldEnv, AlfWorldSuite
 from lightning_epo.envs.alfworld_data import REPO_ROOT, resolve_data_dir, unpack_alfworld
@@ -104,10 +106,12 @@ def test_data_dir_resolution_order(tmp_path, monkeypatch):
     assert resolve_data_dir(None) == REPO_ROOT / "data" / "alfworld"
 
 
-def test_missing_or_empty_data_fails_with_the_fix(tmp_path, monkeypatch):
+def test_missing_or_empty_data_fails_with_the_fix(tmp_path, monkeypatch, compose_cfg):
     monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))
-    with pytest.raises(ValueError, match=r"python -m lightning_epo\.envs\.alfworld_data.*ALFWORLD_DATA"):
+    with pytest.raises(ValueError, match=r"python -m lightning_epo\.envs\.alfworld_data.*ALFWORLD_DATA") as missing:
         AlfWorldSuite()
+    named_key = re.search(r"set (env\.[\w.]+)", str(missing.value)).group(1)  # the hint's key exists in the config
+    assert OmegaConf.select(compose_cfg("env=alfworld"), named_key, default="absent") != "absent", named_key
     (tmp_path / "json_2.1.1" / "train").mkdir(parents=True)
     empty = AlfWorldSuite()
     assert empty.data_dir == str(tmp_path)

@@ -18,6 +18,7 @@ if importlib.util.find_spec("scienceworld") is None:
 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("ScienceWorld needs Java (apt-get install openjdk-17-jre-headless)", allow_module_level=True)
 
+from lightning_epo.config import validate  # noqa: E402
 from lightning_epo.envs import sciworld  # noqa: E402
 from lightning_epo.envs.base import Task  # noqa: E402
 from lightning_epo.envs.sciworld import HELDOUT_TASKS, SciWorldEnv, SciWorldSuite, Simulator  # noqa: E402
@@ -56,18 +57,20 @@ def _play_gold(env: SciWorldEnv, task: Task, limit: int = 250) -> list[tuple[flo
 # --- configuration errors (no JVM) ---------------------------------------------------------------
 
 
-def test_bad_arguments_fail_with_the_fix():
+def test_bad_arguments_fail_with_the_fix(compose_cfg):
     with pytest.raises(ConfigError, match="split_level"):
         SciWorldSuite(split_level="hard")
     with pytest.raises(ConfigError, match="teleportAction"):
         SciWorldSuite(simplification="easy,teleport")
-    with pytest.raises(ConfigError, match="jvm_heap_mb"):
-        SciWorldSuite(jvm_heap_mb=64)
+    with pytest.raises(ConfigError, match="env.suite.jvm_heap_mb must be an integer >= 256, got 64"):
+        validate(compose_cfg("env=sciworld", "env.suite.jvm_heap_mb=64"))
 
 
-def test_missing_java_names_the_fix(monkeypatch):
+def test_missing_java_names_the_fix_before_any_worker_starts(monkeypatch):
     monkeypatch.setattr(sciworld.shutil, "which", lambda name: None)
     monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(UserError, match="needs Java.*openjdk"):
+        SciWorldSuite()  # built in the parent when the run starts
     with pytest.raises(UserError, match="needs Java.*openjdk"):
         SciWorldEnv()
 

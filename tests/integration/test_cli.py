@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -34,6 +35,9 @@ def last_line(text: str) -> str:
         (["data.oversample=0"], "error: data.oversample must be an integer >= 1, got 0"),
         (["data.oversample=1.5"], "error: data.oversample must be an integer >= 1, got 1.5"),
         (["data.oversample=4", "algo.group_size=1"], "error: data.oversample=4 needs algo.group_size >= 2"),
+        (["optim.actor_lr=abc"], "error: optim.actor_lr must be a number >= 0"),
+        (["data.episodes_per_step=16", "algo.group_size=3"], "error: data.episodes_per_step=16 is not a multiple of"),
+        (["model.trust_remote_code='false'"], "error: model.trust_remote_code must be true or false (unquoted)"),
     ],
 )
 def test_bad_values_fail_at_start_with_one_line(tmp_path, args, expected):
@@ -62,3 +66,25 @@ def test_unknown_options_are_rejected_by_hydra(tmp_path, args, fragment):
     result = train(*args, f"hydra.run.dir={tmp_path}")
     assert result.returncode != 0
     assert fragment in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_run_directory_that_cannot_be_written_fails_at_start_with_one_line(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    result = train(f"hydra.run.dir={a_file}/run")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert last_line(result.stderr) == (
+        f"error: cannot write the run directory {a_file}/run ({a_file} is not a directory): "
+        "set hydra.run.dir=<a writable directory>"
+    )
+
+
+def test_missing_java_is_named_before_any_environment_worker_starts(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"} | {"PATH": str(tmp_path)}  # no java on PATH
+    result = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "env=sciworld", f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert last_line(result.stderr).startswith("error: env=sciworld needs Java on PATH (or JAVA_HOME)")
+    assert len(result.stderr.splitlines()) < 5  # no worker's trace
