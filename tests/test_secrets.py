@@ -14,7 +14,8 @@ WANDB_KEY = "0123456789abcdef" * 2 + "01234567"
 
 
 @pytest.mark.parametrize("key", ["token", "hf_token", "HF_TOKEN", "api_key", "apikey", "wandb_api_key", "secret",
-                                 "client-secret", "secret_key", "aws.access_key", "password", "db_passwd", "credentials"])
+                                 "client-secret", "secret_key", "aws.access_key", "password", "db_passwd",
+                                 "credentials"])
 def test_secret_named_keys_are_dropped(key):
     assert scrub_secrets({"model": {key: "anything", "dtype": "float32"}}, []) == {"model": {"dtype": "float32"}}
 
@@ -30,7 +31,7 @@ def test_ordinary_keys_are_kept(key):
     (f"/cache/{HF}/model", f"/cache/{REDACTED}/model"),
     (f"key {SK}.", f"key {REDACTED}."),
     (WANDB_KEY, REDACTED),
-    (f"+model.password=hunter22,seed=1", f"+model.password={REDACTED},seed=1"),  # Hydra's override_dirname
+    ("+model.password=hunter22,seed=1", f"+model.password={REDACTED},seed=1"),  # Hydra's override_dirname
     ("+model.token=${oc.env:HF_TOKEN}", f"+model.token={REDACTED}"),
 ])
 def test_secrets_in_text_are_redacted(text, scrubbed):

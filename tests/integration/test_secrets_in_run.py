@@ -17,8 +17,8 @@ WANDB_API_KEY = "0123456789abcdef" * 2 + "01234567"  # 40 hex digits, as wandb's
 LITERAL_TOKEN = "sk-" + "plantedLiteralKey0123456789"  # typed on the command line
 LITERAL_PASSWORD = "correct-horse-battery"  # an ordinary-looking value under a secret-named key
 SECRETS = (HF_TOKEN, WANDB_API_KEY, LITERAL_TOKEN, LITERAL_PASSWORD)
-FAST = ["~experiment", "debug=fast", "~callbacks.progress_bar", "test_every=1000", "total_steps=2", "data.episodes_per_step=2",
-        "env.max_turns=2", "rollout.max_new_tokens=8"]  # as tests/integration/test_exact_resume.py
+FAST = ["~experiment", "debug=fast", "~callbacks.progress_bar", "test_every=1000", "total_steps=2",  # as test_exact_resume
+        "data.episodes_per_step=2", "env.max_turns=2", "rollout.max_new_tokens=8"]
 
 
 def file_contents(root: Path):
