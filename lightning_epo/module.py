@@ -49,6 +49,7 @@ from lightning_epo.models.loading import load_actor, load_critic, load_reference
 from lightning_epo.models.policy_outputs import actor_token_outputs
 from lightning_epo.optim import build_optimizer, build_scheduler
 from lightning_epo.rollout.batch import RolloutBatch
+from lightning_epo.secrets import scrub_secrets
 from lightning_epo.seeding import seed_rl_step
 
 
@@ -78,7 +79,10 @@ class EPOModule(L.LightningModule):
         # plain containers in the checkpoint: Lightning resumes with torch.load(weights_only=True)
         model, algo, optim = (OmegaConf.to_container(c, resolve=True) for c in (model, algo, optim))
         eval_splits = list(eval_splits)
+        # Lightning collects the init arguments, then keeps them scrubbed: the checkpoint and every logger get them
+        # (the models load from the unscrubbed ``model`` below, e.g. with its hub token)
         self.save_hyperparameters()
+        self.save_hyperparameters(scrub_secrets(dict(self.hparams)))
         self.automatic_optimization = False
         self.model_cfg, self.algo, self.optim_cfg = (OmegaConf.create(c) for c in (model, algo, optim))
         self.actor: torch.nn.Module | None = None

@@ -13,6 +13,8 @@ The tiny model and the Qwen2.5 models load the same way; a hub id goes straight 
 - ``trust_remote_code``: off unless the config turns it on (DESIGN.md, Safety).
 - ``gradient_checkpointing``: recompute activations in the backward pass (actor and critic).
 - ``revision``: a hub branch, tag or commit (ignored for local directories).
+- ``token``: a hub access token (ignored for local directories; without it the hub's own ``HF_TOKEN`` / login),
+  e.g. ``+model.token='${oc.env:MY_HF_TOKEN}'``; kept out of saved configs, checkpoints and logs (secrets.py).
 - ``padding_side``: ``left`` (default, as generation needs) or ``right``.
 
 Weights load from safetensors only (``use_safetensors=True``).
@@ -130,8 +132,8 @@ def _from_pretrained(
         if model_cfg.get("attn_implementation"):
             kwargs["attn_implementation"] = model_cfg["attn_implementation"]
     source, is_local = model_source(model_cfg)
-    if not is_local and model_cfg.get("revision"):
-        kwargs["revision"] = model_cfg["revision"]
+    if not is_local:
+        kwargs.update({key: model_cfg[key] for key in ("revision", "token") if model_cfg.get(key)})
     try:
         return loader(source, **kwargs)
     except OSError as exc:

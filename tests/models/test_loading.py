@@ -11,7 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
-from transformers import Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
 from lightning_epo.errors import UserError
 from lightning_epo.models.critic import ValueModel
@@ -146,3 +146,13 @@ def test_unavailable_hub_id_says_how_to_download_it(monkeypatch):
         assert f"huggingface-cli download {name} --local-dir DIR" in message
         assert "model.name_or_path=DIR" in message and "HF_HOME" in message
         assert "\n" not in message
+
+
+def test_token_and_revision_reach_from_pretrained_for_hub_ids_only(tiny_model_path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # "org" is no local directory
+    calls = []
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda source, **kwargs: calls.append(kwargs))
+    load_actor(model_cfg("org/model", token="hf_secret", revision="v1"))
+    load_actor(model_cfg(tiny_model_path, token="hf_secret", revision="v1"))
+    assert (calls[0]["token"], calls[0]["revision"]) == ("hf_secret", "v1")
+    assert "token" not in calls[1] and "revision" not in calls[1]
