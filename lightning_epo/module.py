@@ -42,18 +42,17 @@ from lightning_epo.algos import (
 from lightning_epo.algos.aggregation import turn_and_trajectory_counts
 from lightning_epo.algos.losses import explained_variance
 from lightning_epo.algos.objective import ObjectiveSettings, StepTargets, epo_objective
+from lightning_epo.callbacks.checkpoint import newest_checkpoint
 from lightning_epo.distributed import accumulation_boundary, hf_zero3_config, is_deepspeed
 from lightning_epo.entropy_panels import entropy_panel_sums
-from lightning_epo.errors import UserError
+from lightning_epo.errors import TrainingDiverged
 from lightning_epo.models.loading import load_actor, load_critic, load_reference
 from lightning_epo.models.policy_outputs import actor_token_outputs
 from lightning_epo.optim import build_optimizer, build_scheduler
 from lightning_epo.rollout.batch import RolloutBatch
 from lightning_epo.seeding import seed_rl_step
 
-
-class TrainingDiverged(UserError):
-    """Too many optimizer steps in a row had a non-finite loss or gradient norm."""
+__all__ = ["EPOModule", "TrainingDiverged"]
 
 
 COUNTED_STATS = ("train/env_failures",)
@@ -355,13 +354,21 @@ class EPOModule(L.LightningModule):
         self.skip_streak = self.skip_streak + 1 if skipped else 0
         limit = self.optim_cfg.get("max_skipped_streak")
         if limit is not None and self.skip_streak >= limit:
-            ckpt = self.trainer.checkpoint_callback
-            where = f" ({ckpt.dirpath}/last.ckpt)" if ckpt is not None and ckpt.dirpath else ""
-            raise TrainingDiverged(
-                f"{self.skip_streak} optimizer steps in a row had a non-finite loss or gradient norm (RL step "
-                f"{self.rl_step}): stopped without checkpointing this step. Lower optim.actor_lr / optim.critic_lr "
-                f"and resume from the last checkpoint{where} with ckpt_path=last, or raise optim.max_skipped_streak"
+            raise self._diverged(
+                f"{self.skip_streak} optimizer steps in a row had a non-finite loss or gradient norm "
+                "(or raise optim.max_skipped_streak)"
             )
+
+    def _diverged(self, reason: str) -> TrainingDiverged:
+        """The one-line error that stops the run in RL step k before k is checkpointed: ``reason`` and the
+        checkpoint to resume from, the newest one on disk (the last good state: nothing later was saved)."""
+        callback = self.trainer.checkpoint_callback
+        newest = newest_checkpoint(callback.dirpath if callback is not None else None)
+        resume = f"resume with ckpt_path={newest}" if newest is not None else "start again (no checkpoint exists yet)"
+        return TrainingDiverged(
+            f"training diverged at RL step {self.rl_step}: {reason}. Stopped without checkpointing this step: "
+            f"lower optim.actor_lr / optim.critic_lr and {resume}"
+        )
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """Reseed for RL step k on this rank, before its rollout is collected (lightning_epo/seeding.py)."""
