@@ -14,6 +14,10 @@ Departures from the paper / reference code (all configurable, paper default firs
 - An optimizer step whose loss or gradient norm is not finite (on any rank) is skipped and counted
   (``train/skipped_steps``), DeepSpeed's steps included; ``optim.max_skipped_streak`` skipped steps in a
   row stop the run.
+- Divergence that a finite loss hides also stops the run before the RL step is checkpointed (the last
+  checkpoint stays the last good state, and the error names it): non-finite old-policy log-probs, entropies
+  or values (so the entropy window never takes a non-finite entry), a parameter norm (actor, critic) that is
+  not finite or grew more than ``optim.max_param_norm_growth`` times in the RL step's update.
 - Python, NumPy and torch are reseeded at every RL step from ``(seed, k, rank)`` (lightning_epo/seeding.py).
 """
 
@@ -43,7 +47,7 @@ from lightning_epo.algos.aggregation import turn_and_trajectory_counts
 from lightning_epo.algos.losses import explained_variance
 from lightning_epo.algos.objective import ObjectiveSettings, StepTargets, epo_objective
 from lightning_epo.callbacks.checkpoint import newest_checkpoint
-from lightning_epo.distributed import accumulation_boundary, hf_zero3_config, is_deepspeed
+from lightning_epo.distributed import accumulation_boundary, hf_zero3_config, is_deepspeed, zero_stage
 from lightning_epo.entropy_panels import entropy_panel_sums
 from lightning_epo.errors import TrainingDiverged
 from lightning_epo.models.loading import load_actor, load_critic, load_reference
@@ -370,6 +374,39 @@ class EPOModule(L.LightningModule):
             f"lower optim.actor_lr / optim.critic_lr and {resume}"
         )
 
+    @torch.no_grad()
+    def _param_norms(self) -> torch.Tensor:
+        """L2 norms of the actor's and (with one) the critic's trainable parameters, ``[1 or 2]`` (fp32): one
+        norm per parameter, no copy of the weights. ZeRO-3's shards are summed (as squares) over all ranks."""
+        squares = []
+        for model in (self.actor, self.critic):
+            if model is not None:
+                params = [getattr(p, "ds_tensor", p) for p in model.parameters() if p.requires_grad]
+                squares.append(torch.stack([torch.linalg.vector_norm(p).float() for p in params]).square().sum())
+        squares = torch.stack(squares)
+        return (self._reduce(squares) if zero_stage(self.trainer.strategy) == 3 else squares).sqrt()
+
+    def _check_parameters(self, before: torch.Tensor) -> None:
+        """Stop the run if this RL step's update left a parameter norm (``_param_norms``, ``before`` the update)
+        non-finite or more than ``optim.max_param_norm_growth`` times larger (null: only non-finite stops)."""
+        after = self._param_norms()
+        growth = self.optim_cfg.get("max_param_norm_growth")
+        if not torch.isfinite(after).all():
+            raise self._diverged("parameter norm not finite after the update")
+        if growth is not None and bool((after > growth * before).any()):
+            ratios = ", ".join(f"{name} {float(a / b):.3g}x" for name, a, b in zip(("actor", "critic"), after, before))
+            raise self._diverged(
+                f"parameter norm grew in one update ({ratios}), more than optim.max_param_norm_growth={growth}"
+            )
+
+    def _check_old_policy(self, old: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+        """Stop the run (every rank alike) if the old-policy pass gave a non-finite log-prob, entropy or value on
+        a response token: the weights have diverged, and the entropy window must not take the step's mean."""
+        names = [name for name in ("old_logprobs", "entropy", "old_values") if name in old]
+        bad = int(self._reduce(torch.stack([(~torch.isfinite(old[name][mask])).sum() for name in names]).sum().float()))
+        if bad:
+            raise self._diverged(f"the old-policy pass gave {bad} non-finite log-probs, entropies or values")
+
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """Reseed for RL step k on this rank, before its rollout is collected (lightning_epo/seeding.py)."""
         seed_rl_step(self.hparams.seed, self.rl_step, self.global_rank)
@@ -387,10 +424,13 @@ class EPOModule(L.LightningModule):
         start = time.perf_counter()
         old = self._old_policy_pass(batch)
         mask = batch.response_mask
+        self._check_old_policy(old, mask)
         self.step_entropy_stats = torch.stack([old["entropy"][mask].sum(), mask.sum().float()])
         settings = self._settings()
         targets = self._step_targets(batch, old)
+        norms_before = self._param_norms()
         terms, optimizer_steps = self._ppo_update(batch, targets, settings)
+        self._check_parameters(norms_before)
         self.lr_schedulers().step()
         self._log_step(batch, old, terms, settings, update_s=time.perf_counter() - start, optimizer_steps=optimizer_steps)
         if targets.returns is not None:  # the old critic against the targets it is trained on this step
