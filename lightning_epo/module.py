@@ -17,7 +17,8 @@ Departures from the paper / reference code (all configurable, paper default firs
 - Divergence that a finite loss hides also stops the run before the RL step is checkpointed (the last
   checkpoint stays the last good state, and the error names it): non-finite old-policy log-probs, entropies
   or values (so the entropy window never takes a non-finite entry), a parameter norm (actor, critic) that is
-  not finite or grew more than ``optim.max_param_norm_growth`` times in the RL step's update.
+  not finite or grew more than ``optim.max_param_norm_growth`` times in the RL step's update, and sampling
+  logits that are not finite (the hf engine).
 - Python, NumPy and torch are reseeded at every RL step from ``(seed, k, rank)`` (lightning_epo/seeding.py).
 """
 
@@ -418,7 +419,10 @@ class EPOModule(L.LightningModule):
     def training_step(self, dataloader_iter: Iterator) -> None:
         """One RL step. Takes the iterator (not a batch) so Lightning cannot prefetch the next rollout
         with the old weights: the next batch is collected only after this update."""
-        batch, _, _ = next(dataloader_iter)
+        try:
+            batch, _, _ = next(dataloader_iter)
+        except TrainingDiverged as error:  # the engine sampled from non-finite logits: name the checkpoint
+            raise self._diverged(str(error)) from error
         batch = batch.to(self.device)
         self.last_rollout = batch
         start = time.perf_counter()
