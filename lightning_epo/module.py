@@ -19,6 +19,8 @@ Departures from the paper / reference code (all configurable, paper default firs
   or values (so the entropy window never takes a non-finite entry), a parameter norm (actor, critic) that is
   not finite or grew more than ``optim.max_param_norm_growth`` times in the RL step's update, and sampling
   logits that are not finite (the hf engine).
+- A resumed run trains at the configured ``optim.actor_lr`` / ``critic_lr`` (on the restored schedule), not
+  at the checkpoint's, so that "lower the lr and resume" does what it says.
 - Python, NumPy and torch are reseeded at every RL step from ``(seed, k, rank)`` (lightning_epo/seeding.py).
 """
 
@@ -411,6 +413,17 @@ class EPOModule(L.LightningModule):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """Reseed for RL step k on this rank, before its rollout is collected (lightning_epo/seeding.py)."""
         seed_rl_step(self.hparams.seed, self.rl_step, self.global_rank)
+
+    def on_train_start(self) -> None:
+        """Train at the configured learning rates, on resume too: Lightning restores the optimizer's and the LR
+        scheduler's rates from the checkpoint, so "lower optim.actor_lr and resume" would keep the old one. The
+        restored schedule position is kept; with an unchanged config this rewrites the values already there
+        (the scheduler's own ``base_lr * factor(k)``), so an exact resume stays exact."""
+        scheduler = self.lr_schedulers()
+        configured = {"actor": self.optim_cfg.actor_lr, "critic": self.optim_cfg.critic_lr}
+        scheduler.base_lrs = [configured[group["name"]] for group in scheduler.optimizer.param_groups]
+        for group, base_lr, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["initial_lr"], group["lr"] = base_lr, base_lr * factor(scheduler.last_epoch)
 
     def on_train_epoch_start(self) -> None:
         if self.reference is not None:  # Lightning's module.train() must not wake the frozen reference
