@@ -72,7 +72,7 @@ def assert_finite_checkpoint(path, rl_step: int) -> None:
 
 
 @pytest.mark.parametrize("corrupt, reason", [(nan_first_element, "not finite"), (times_three, "grew")])
-def test_parameters_that_diverge_in_a_step_stop_the_run_before_it_is_checkpointed(compose_cfg, tmp_path, corrupt, reason):
+def test_parameters_that_diverge_in_a_step_stop_before_it_is_checkpointed(compose_cfg, tmp_path, corrupt, reason):
     with pytest.raises(TrainingDiverged, match=f"parameter norm {reason}") as failure:
         fit(compose_cfg, tmp_path, CorruptFrom(2, corrupt))
     last = tmp_path / "ckpt" / "last.ckpt"

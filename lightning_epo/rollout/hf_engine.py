@@ -152,7 +152,8 @@ def _pick(logits: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor,
     except RuntimeError as error:
         if torch.isfinite(logits).all():
             raise
-        raise TrainingDiverged("the policy's sampling logits are not finite (inf or NaN): its weights have diverged") from error
+        message = "the policy's sampling logits are not finite (inf or NaN): its weights have diverged"
+        raise TrainingDiverged(message) from error
     return token, logprobs.gather(-1, token[:, None]).squeeze(-1)
 
 
