@@ -11,3 +11,8 @@ class UserError(ValueError):
 
 class ConfigError(UserError):
     """An invalid configuration value."""
+
+
+class TrainingDiverged(UserError):
+    """The run's loss, gradients, parameters or policy outputs stopped being finite (or exploded): the run
+    stops before the bad step is checkpointed, naming the checkpoint to resume from (at a lower lr)."""

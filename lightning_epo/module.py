@@ -14,6 +14,13 @@ Departures from the paper / reference code (all configurable, paper default firs
 - An optimizer step whose loss or gradient norm is not finite (on any rank) is skipped and counted
   (``train/skipped_steps``), DeepSpeed's steps included; ``optim.max_skipped_streak`` skipped steps in a
   row stop the run.
+- Divergence that a finite loss hides also stops the run before the RL step is checkpointed (the last
+  checkpoint stays the last good state, and the error names it): non-finite old-policy log-probs, entropies
+  or values (so the entropy window never takes a non-finite entry), a parameter norm (actor, critic) that is
+  not finite or grew more than ``optim.max_param_norm_growth`` times in the RL step's update, and sampling
+  logits that are not finite (the hf engine).
+- A resumed run trains at the configured ``optim.actor_lr`` / ``critic_lr`` (on the restored schedule), not
+  at the checkpoint's, so that "lower the lr and resume" does what it says.
 - Python, NumPy and torch are reseeded at every RL step from ``(seed, k, rank)`` (lightning_epo/seeding.py).
 """
 
@@ -42,9 +49,10 @@ from lightning_epo.algos import (
 from lightning_epo.algos.aggregation import turn_and_trajectory_counts
 from lightning_epo.algos.losses import explained_variance
 from lightning_epo.algos.objective import ObjectiveSettings, StepTargets, epo_objective
-from lightning_epo.distributed import accumulation_boundary, hf_zero3_config, is_deepspeed
+from lightning_epo.callbacks.checkpoint import newest_checkpoint
+from lightning_epo.distributed import accumulation_boundary, hf_zero3_config, is_deepspeed, zero_stage
 from lightning_epo.entropy_panels import entropy_panel_sums
-from lightning_epo.errors import UserError
+from lightning_epo.errors import TrainingDiverged
 from lightning_epo.models.loading import load_actor, load_critic, load_reference
 from lightning_epo.models.policy_outputs import actor_token_outputs
 from lightning_epo.optim import build_optimizer, build_scheduler
@@ -52,9 +60,7 @@ from lightning_epo.rollout.batch import RolloutBatch
 from lightning_epo.secrets import scrub_secrets
 from lightning_epo.seeding import seed_rl_step
 
-
-class TrainingDiverged(UserError):
-    """Too many optimizer steps in a row had a non-finite loss or gradient norm."""
+__all__ = ["EPOModule", "TrainingDiverged"]
 
 
 COUNTED_STATS = ("train/env_failures",)
@@ -359,17 +365,69 @@ class EPOModule(L.LightningModule):
         self.skip_streak = self.skip_streak + 1 if skipped else 0
         limit = self.optim_cfg.get("max_skipped_streak")
         if limit is not None and self.skip_streak >= limit:
-            ckpt = self.trainer.checkpoint_callback
-            where = f" ({ckpt.dirpath}/last.ckpt)" if ckpt is not None and ckpt.dirpath else ""
-            raise TrainingDiverged(
-                f"{self.skip_streak} optimizer steps in a row had a non-finite loss or gradient norm (RL step "
-                f"{self.rl_step}): stopped without checkpointing this step. Lower optim.actor_lr / optim.critic_lr "
-                f"and resume from the last checkpoint{where} with ckpt_path=last, or raise optim.max_skipped_streak"
+            raise self._diverged(
+                f"{self.skip_streak} optimizer steps in a row had a non-finite loss or gradient norm "
+                "(or raise optim.max_skipped_streak)"
             )
+
+    def _diverged(self, reason: str) -> TrainingDiverged:
+        """The one-line error that stops the run in RL step k before k is checkpointed: ``reason`` and the
+        checkpoint to resume from, the newest one on disk (the last good state: nothing later was saved)."""
+        callback = self.trainer.checkpoint_callback
+        newest = newest_checkpoint(callback.dirpath if callback is not None else None)
+        resume = f"resume with ckpt_path={newest}" if newest is not None else "start again (no checkpoint exists yet)"
+        return TrainingDiverged(
+            f"training diverged at RL step {self.rl_step}: {reason}. Stopped without checkpointing this step: "
+            f"lower optim.actor_lr / optim.critic_lr and {resume}"
+        )
+
+    @torch.no_grad()
+    def _param_norms(self) -> torch.Tensor:
+        """L2 norms of the actor's and (with one) the critic's trainable parameters, ``[1 or 2]`` (fp32): one
+        norm per parameter, no copy of the weights. ZeRO-3's shards are summed (as squares) over all ranks."""
+        squares = []
+        for model in (self.actor, self.critic):
+            if model is not None:
+                params = [getattr(p, "ds_tensor", p) for p in model.parameters() if p.requires_grad]
+                squares.append(torch.stack([torch.linalg.vector_norm(p).float() for p in params]).square().sum())
+        squares = torch.stack(squares)
+        return (self._reduce(squares) if zero_stage(self.trainer.strategy) == 3 else squares).sqrt()
+
+    def _check_parameters(self, before: torch.Tensor) -> None:
+        """Stop the run if this RL step's update left a parameter norm (``_param_norms``, ``before`` the update)
+        non-finite or more than ``optim.max_param_norm_growth`` times larger (null: only non-finite stops)."""
+        after = self._param_norms()
+        growth = self.optim_cfg.get("max_param_norm_growth")
+        if not torch.isfinite(after).all():
+            raise self._diverged("parameter norm not finite after the update")
+        if growth is not None and bool((after > growth * before).any()):
+            ratios = ", ".join(f"{name} {float(a / b):.3g}x" for name, a, b in zip(("actor", "critic"), after, before))
+            raise self._diverged(
+                f"parameter norm grew in one update ({ratios}), more than optim.max_param_norm_growth={growth}"
+            )
+
+    def _check_old_policy(self, old: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+        """Stop the run (every rank alike) if the old-policy pass gave a non-finite log-prob, entropy or value on
+        a response token: the weights have diverged, and the entropy window must not take the step's mean."""
+        names = [name for name in ("old_logprobs", "entropy", "old_values") if name in old]
+        bad = int(self._reduce(torch.stack([(~torch.isfinite(old[name][mask])).sum() for name in names]).sum().float()))
+        if bad:
+            raise self._diverged(f"the old-policy pass gave {bad} non-finite log-probs, entropies or values")
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """Reseed for RL step k on this rank, before its rollout is collected (lightning_epo/seeding.py)."""
         seed_rl_step(self.hparams.seed, self.rl_step, self.global_rank)
+
+    def on_train_start(self) -> None:
+        """Train at the configured learning rates, on resume too: Lightning restores the optimizer's and the LR
+        scheduler's rates from the checkpoint, so "lower optim.actor_lr and resume" would keep the old one. The
+        restored schedule position is kept; with an unchanged config this rewrites the values already there
+        (the scheduler's own ``base_lr * factor(k)``), so an exact resume stays exact."""
+        scheduler = self.lr_schedulers()
+        configured = {"actor": self.optim_cfg.actor_lr, "critic": self.optim_cfg.critic_lr}
+        scheduler.base_lrs = [configured[group["name"]] for group in scheduler.optimizer.param_groups]
+        for group, base_lr, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["initial_lr"], group["lr"] = base_lr, base_lr * factor(scheduler.last_epoch)
 
     def on_train_epoch_start(self) -> None:
         if self.reference is not None:  # Lightning's module.train() must not wake the frozen reference
@@ -378,16 +436,22 @@ class EPOModule(L.LightningModule):
     def training_step(self, dataloader_iter: Iterator) -> None:
         """One RL step. Takes the iterator (not a batch) so Lightning cannot prefetch the next rollout
         with the old weights: the next batch is collected only after this update."""
-        batch, _, _ = next(dataloader_iter)
+        try:
+            batch, _, _ = next(dataloader_iter)
+        except TrainingDiverged as error:  # the engine sampled from non-finite logits: name the checkpoint
+            raise self._diverged(str(error)) from error
         batch = batch.to(self.device)
         self.last_rollout = batch
         start = time.perf_counter()
         old = self._old_policy_pass(batch)
         mask = batch.response_mask
+        self._check_old_policy(old, mask)
         self.step_entropy_stats = torch.stack([old["entropy"][mask].sum(), mask.sum().float()])
         settings = self._settings()
         targets = self._step_targets(batch, old)
+        norms_before = self._param_norms()
         terms, optimizer_steps = self._ppo_update(batch, targets, settings)
+        self._check_parameters(norms_before)
         self.lr_schedulers().step()
         self._log_step(batch, old, terms, settings, update_s=time.perf_counter() - start, optimizer_steps=optimizer_steps)
         if targets.returns is not None:  # the old critic against the targets it is trained on this step

@@ -53,7 +53,7 @@ def test_a_streak_of_nan_losses_stops_before_checkpointing_the_bad_step(compose_
     with pytest.raises(TrainingDiverged, match="2 optimizer steps in a row had a non-finite loss") as failure:
         trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None, collate_fn=lambda b: b))
     assert isinstance(failure.value, UserError)  # train.py prints it as one `error: ...` line
-    assert "ckpt_path=last" in str(failure.value)
+    assert f"ckpt_path={tmp_path / 'ckpt' / 'last.ckpt'}" in str(failure.value)  # the newest checkpoint on disk
 
     # steps 0, 1 trained; steps 2 and 3 were skipped (finite gradients, NaN loss), and step 3 stopped the run
     assert (module.skipped_steps, module.skip_streak) == (2, 2)

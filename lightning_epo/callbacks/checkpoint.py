@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -39,3 +40,10 @@ class RLStepCheckpoint(ModelCheckpoint):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._last_global_step_saved != trainer.global_step:
             self._save(trainer)
+
+
+def newest_checkpoint(dirpath: str | Path | None) -> Path | None:
+    """The most recently written checkpoint (file, or DeepSpeed's directory) in ``dirpath``; None if there is none."""
+    if dirpath is None or not Path(dirpath).is_dir():
+        return None
+    return max(Path(dirpath).glob("*.ckpt"), key=lambda path: path.stat().st_mtime, default=None)

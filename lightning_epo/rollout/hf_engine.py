@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from lightning_epo.distributed import gathered_copy, is_sharded
+from lightning_epo.errors import TrainingDiverged
 from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams, stop_token_ids
 
 
@@ -135,7 +136,10 @@ def _check_sampling(sampling: SamplingParams) -> None:
 
 
 def _pick(logits: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """Choose the next token of each row of ``logits [B, V]``; return ids ``[B]`` and their log-probs ``[B]``."""
+    """Choose the next token of each row of ``logits [B, V]``; return ids ``[B]`` and their log-probs ``[B]``.
+
+    Logits that are not finite (a diverged policy) raise :class:`TrainingDiverged` instead of torch's sampling
+    error; they are checked only once sampling has failed, so the normal path costs nothing."""
     if sampling.temperature == 0:
         token = logits.argmax(-1)
         return token, torch.log_softmax(logits, -1).gather(-1, token[:, None]).squeeze(-1)
@@ -143,7 +147,13 @@ def _pick(logits: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor,
     logprobs = torch.log_softmax(scaled, -1)
     if sampling.top_p < 1:
         scaled = _top_p_filter(scaled, sampling.top_p)
-    token = torch.multinomial(torch.softmax(scaled, -1), 1).squeeze(-1)
+    try:
+        token = torch.multinomial(torch.softmax(scaled, -1), 1).squeeze(-1)
+    except RuntimeError as error:
+        if torch.isfinite(logits).all():
+            raise
+        message = "the policy's sampling logits are not finite (inf or NaN): its weights have diverged"
+        raise TrainingDiverged(message) from error
     return token, logprobs.gather(-1, token[:, None]).squeeze(-1)
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
+from lightning_epo.errors import TrainingDiverged
 from lightning_epo.rollout.engine import SamplingParams
 from lightning_epo.rollout.hf_engine import HFEngine, _top_p_filter
 
@@ -140,6 +143,15 @@ def test_sync_weights_binds_the_actor(tokenizer, model, prompts):
     engine.sync_weights(model)
     assert engine.model is model
     assert len(engine.generate(prompts, GREEDY)) == len(prompts)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_non_finite_logits_are_a_diverged_policy_not_a_sampling_crash(tokenizer, model, prompts, top_p):
+    diverged = copy.deepcopy(model)
+    with torch.no_grad():
+        diverged.lm_head.weight[0, 0] = float("nan")  # tied: every logit of every step is NaN
+    with pytest.raises(TrainingDiverged, match="logits .* not finite"):
+        HFEngine(tokenizer, diverged).generate(prompts, SamplingParams(temperature=1.0, top_p=top_p, max_new_tokens=4))
 
 
 @pytest.mark.parametrize(
