@@ -132,6 +132,7 @@ RULES: dict[str, Rule] = {
     "optim.actor_lr": number(0, example="3e-4; 0 freezes the actor"), "optim.critic_lr": NON_NEGATIVE,
     "optim.warmup_ratio": number(0, 1, open_high=True), "optim.min_lr_ratio": FRACTION,
     "optim.grad_clip": POSITIVE, "optim.max_skipped_streak": integer(optional=True),
+    "optim.max_param_norm_growth": number(1, open_low=True, optional=True, example=2.0),
     "optim.optimizer.weight_decay": NON_NEGATIVE,
     # metrics and callbacks
     "metrics.edge_turns": integer(), "metrics.edge_tokens": integer(),
