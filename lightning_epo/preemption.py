@@ -9,7 +9,7 @@ preempted run (resume it with ``ckpt_path=last``) from a finished one (0). A sec
 Lightning's SLURM support is untouched: with ``SLURMEnvironment(auto_requeue=True)`` its requeue signal (SIGUSR1)
 still saves ``hpc_ckpt_*.ckpt`` and requeues the job, and its SIGTERM handler calls this one too.
 Outside a trainer call (building the model, between validation and fit) there is no step to finish: a signal
-stops the process at once, with the same status. A signal during the last step lets the run finish (status 0).
+stops the process at once, with the same status.
 """
 
 from __future__ import annotations
