@@ -25,10 +25,12 @@ def _user_error(exc: BaseException) -> BaseException | None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from lightning_epo.preemption import Preemption
     from lightning_epo.run import run
 
     try:
-        run(cfg)
+        with Preemption():  # SIGTERM / Ctrl+C: stop after the current RL step, exit 143 / 130
+            run(cfg)
     except Exception as exc:  # one clear line for bad input; a stack trace for everything else
         user_error = _user_error(exc)
         if user_error is None or os.environ.get("LIGHTNING_EPO_TRACEBACK"):

@@ -8,13 +8,17 @@ the ``trainer.*`` and ``logger.*`` arguments itself.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig
 
 from lightning_epo.algos import ADVANTAGES, KL_ESTIMATORS, PENALTIES, POLICY_LOSSES
+from lightning_epo.checkpoint_io import is_intact
 from lightning_epo.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -238,10 +242,26 @@ def _warm_start(warm_start: DictConfig) -> None:
 
 
 def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
-    """``last`` -> ``RUN_DIR/checkpoints/last.ckpt`` (Lightning's convention); paths pass through."""
+    """``last`` -> ``RUN_DIR/checkpoints/last.ckpt`` (Lightning's convention), or, when that file is damaged, the
+    newest intact ``rl_step=K.ckpt`` beside it (with a warning); other paths pass through once checked intact."""
+    if ckpt_path is None:
+        return None
     if ckpt_path != "last":
+        if not is_intact(Path(ckpt_path)):
+            raise ConfigError(
+                f"ckpt_path '{ckpt_path}' is not an intact checkpoint (truncated, or not a Lightning .ckpt): give "
+                "another one, e.g. RUN_DIR/checkpoints/rl_step=K.ckpt, or ckpt_path=last"
+            )
         return ckpt_path
-    last = run_dir / "checkpoints" / "last.ckpt"
+    checkpoints = run_dir / "checkpoints"
+    last = checkpoints / "last.ckpt"
     if not last.exists():
         raise ConfigError(f"ckpt_path=last but {last} does not exist: pass hydra.run.dir=<the run's directory>")
-    return str(last)
+    if is_intact(last):
+        return str(last)
+    periodic = sorted(checkpoints.glob("rl_step=*.ckpt"), key=lambda p: int(p.stem.partition("=")[2]), reverse=True)
+    fallback = next((p for p in periodic if is_intact(p)), None)
+    if fallback is None:
+        raise ConfigError(f"{last} is damaged (truncated) and no intact rl_step=K.ckpt is beside it: start afresh")
+    log.warning("%s is damaged (truncated); resuming from %s, the newest intact checkpoint", last, fallback.name)
+    return str(fallback)

@@ -11,7 +11,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 class RLStepCheckpoint(ModelCheckpoint):
     """A ModelCheckpoint that saves ``last.ckpt`` (and a periodic ``step=K.ckpt``) after every
-    ``every_n_rl_steps`` completed RL steps, at a ``stop_at_step`` stop, and at the end of training.
+    ``every_n_rl_steps`` completed RL steps, at a ``stop_at_step`` stop, after the step in which a preemption
+    signal arrived (``trainer.received_sigterm``, see :mod:`lightning_epo.preemption`), and at the end of training.
 
     A fresh run in a directory that already holds checkpoints overwrites them (no ``last-v1.ckpt``), so
     ``ckpt_path=last`` always resumes the newest run of that directory."""
@@ -34,7 +35,9 @@ class RLStepCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._should_skip_saving_checkpoint(trainer):
             return
-        if pl_module.rl_step % self.every_n_rl_steps == 0 or trainer.should_stop:
+        # Any rank's signal: every rank saves (Lightning stops all of them before the next step).
+        preempted = trainer.strategy.reduce_boolean_decision(trainer.received_sigterm, all=False)
+        if pl_module.rl_step % self.every_n_rl_steps == 0 or trainer.should_stop or preempted:
             self._save(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

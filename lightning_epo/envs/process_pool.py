@@ -20,6 +20,11 @@ No process is left behind:
   own children (ScienceWorld's JVM started by py4j) belong to it; workers are stopped by signalling
   the whole group (SIGTERM, then SIGKILL after a grace period), and a worker that receives a
   SIGTERM from anyone else forwards it to its group;
+- workers (and their environments' children) ignore SIGINT: a terminal's Ctrl+C asks the trainer to
+  finish its RL step (:mod:`lightning_epo.preemption`), which needs the environments until it closes
+  the pool (SIGINT is blocked while a worker starts, until it ignores it). SIGTERM is how the pool
+  stops a group; SLURM, which signals every process of a job, thus stops the workers too, and the
+  step in progress finishes with those episodes truncated;
 - a worker exits (killing its group) when the trainer's end of its pipe closes or when it notices,
   within a second, that its parent process is gone, even in the middle of a hanging step;
 - ``close()`` asks each worker to close its environment, then stops the groups; it is idempotent and
@@ -69,9 +74,12 @@ def default_pool_size(requested: int | None) -> int:
 
 
 def _serve(conn: Connection, suite: TaskSuite) -> None:
-    """Worker entry point: own process group, parent watchdog, then answer requests until told to close."""
+    """Worker entry point: own process group, Ctrl+C ignored, parent watchdog, then answer requests until
+    told to close."""
     os.setsid()
     signal.signal(signal.SIGTERM, _forward_to_group)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by _Worker until now
     threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
     env = _replace_env(None, suite)
     try:
@@ -145,7 +153,11 @@ class _Worker:
     def __init__(self, context: multiprocessing.context.BaseContext, suite: TaskSuite) -> None:
         self.conn, child_conn = context.Pipe()
         self.process = context.Process(target=_serve, args=(child_conn, suite), daemon=True)
-        self.process.start()
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # inherited by the worker
+        try:
+            self.process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child_conn.close()
 
     def stop(self, grace_s: float) -> int | None:

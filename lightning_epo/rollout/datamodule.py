@@ -204,6 +204,11 @@ class RolloutDataModule(L.LightningDataModule):
         self.pool = self.engine = self.val_engine = self.collector = self.val_collector = None
         self._weights_bound = False
 
+    def on_exception(self, exception: BaseException) -> None:
+        """A run stopped by an exception (a preemption's included) closes its environments too: Lightning calls
+        ``teardown`` only after a run that ends normally."""
+        self.teardown("fit")
+
     def _rank(self) -> tuple[int, int]:
         trainer = self.trainer
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)

@@ -231,3 +231,22 @@ def test_bad_arguments_fail_with_one_clear_line(make_pool):
         pool.step([2], ["a"])
     with pytest.raises(ValueError, match="one per slot"):
         pool.reset([0, 1], TASKS[:1])
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_workers_ignore_ctrl_c_meant_for_the_trainer(make_pool, start_method):
+    """A terminal's Ctrl+C asks the trainer to finish its RL step (lightning_epo/preemption.py) and then close
+    the pool: the workers and their children must live until then."""
+    pool = make_pool(ScriptedSuite(child_command=CHILD), 2, start_method=start_method)
+    before = pool.reset([0, 1], TASKS[:2])
+    for pid in _pids(before):
+        os.kill(pid, signal.SIGINT)
+    time.sleep(0.5)
+
+    results = pool.step([0, 1], ["a", "b"])
+
+    assert [r.observation for r in results] == ["echo: a", "echo: b"]
+    assert [r.info["worker_pid"] for r in results] == [r.info["worker_pid"] for r in before]
+    assert all(map(_running, _pids(before))) and pool.failures == 0
+    pool.close()
+    assert _wait_gone(_pids(before)) == [], "closing the pool left a worker or its child behind"

@@ -1,0 +1,90 @@
+"""Preemption: SIGTERM (SLURM, Kubernetes) or Ctrl+C ends ``python train.py`` after the current RL step, with
+``last.ckpt`` of the last completed step and exit status 128 + the signal's number, and the run resumes exactly."""
+
+from __future__ import annotations
+
+import csv
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_epo.run import run
+from tests.integration.test_exact_resume import FAST, logged
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 8
+# Preempted runs flush metrics.csv after every step, so that the test sees when a step has completed.
+ARGS = [o for o in FAST if not o.startswith("total_steps=")] + [f"total_steps={STEPS}"]
+
+
+def start_train(tiny_model_path: str, run_dir: Path, *overrides: str) -> subprocess.Popen:
+    """``python train.py`` with the fast settings in ``run_dir`` (checkpoints every 5 RL steps, as shipped)."""
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), "~experiment", f"model.name_or_path={tiny_model_path}", *ARGS,
+         "+logger.flush_logs_every_n_steps=1", f"hydra.run.dir={run_dir}", *overrides],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def completed_steps(run_dir: Path) -> int:
+    """The RL steps whose training metrics are in ``metrics.csv`` so far."""
+    try:
+        with open(run_dir / "csv" / "metrics.csv") as f:
+            return len({row["step"] for row in csv.DictReader(f) if row.get("loss/total")})
+    except FileNotFoundError:
+        return 0
+
+
+def preempt(tiny_model_path: str, run_dir: Path, signum: int, after_steps: int = 3) -> tuple[int, str]:
+    """Start a run, send ``signum`` once ``after_steps`` steps have completed; its exit status and output."""
+    process = start_train(tiny_model_path, run_dir)
+    deadline = time.monotonic() + 300
+    while completed_steps(run_dir) < after_steps and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None, process.communicate()[0][-3000:]
+    process.send_signal(signum)
+    output, _ = process.communicate(timeout=300)
+    return process.returncode, output
+
+
+def checkpoint_step(path: Path) -> int:
+    return torch.load(path, map_location="cpu", weights_only=False)["rl_state"]["rl_step"]
+
+
+def test_sigterm_saves_the_last_completed_step_exits_143_and_resumes_exactly(tiny_model_path, compose_cfg, tmp_path):
+    run_dir = tmp_path / "preempted"
+    code, output = preempt(tiny_model_path, run_dir, signal.SIGTERM)
+
+    assert code == 128 + signal.SIGTERM, output[-3000:]
+    done = completed_steps(run_dir)
+    assert 3 <= done < STEPS, "the run went on to the end"
+    assert checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == done
+
+    resumed = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "~experiment", f"model.name_or_path={tiny_model_path}", *ARGS,
+         "ckpt_path=last", f"hydra.run.dir={run_dir}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    run(compose_cfg(*ARGS, f"run_dir={tmp_path / 'whole'}"))
+    whole, split = logged(tmp_path / "whole"), logged(run_dir)
+    assert whole.keys() == split.keys() == set(range(STEPS))
+    for step, values in whole.items():
+        assert split[step].keys() == values.keys(), step
+        for name, value in values.items():
+            assert split[step][name] == pytest.approx(value, rel=1e-6, abs=1e-9), (step, name)
+
+
+def test_ctrl_c_saves_the_last_completed_step_and_exits_130(tiny_model_path, tmp_path):
+    code, output = preempt(tiny_model_path, tmp_path, signal.SIGINT, after_steps=2)
+
+    assert code == 128 + signal.SIGINT, output[-3000:]
+    assert "Traceback" not in output
+    done = completed_steps(tmp_path)
+    assert 2 <= done < STEPS
+    assert checkpoint_step(tmp_path / "checkpoints" / "last.ckpt") == done

@@ -1,0 +1,55 @@
+"""Checkpoints are written atomically; ``ckpt_path=last`` falls back to the newest intact ``rl_step=K.ckpt`` when
+``last.ckpt`` is damaged; a damaged explicit ``ckpt_path`` fails with one line."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from lightning_epo.checkpoint_io import AtomicCheckpointIO
+from lightning_epo.run import run
+from tests.integration.test_cli import last_line, train
+from tests.integration.test_exact_resume import FAST, logged
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint_and_no_partial_file(tmp_path, monkeypatch):
+    path = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"step": 1}, path)
+
+    def full_disk(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        AtomicCheckpointIO().save_checkpoint({"step": 2}, path)
+
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+    assert torch.load(path, weights_only=True) == {"step": 1}
+
+
+def test_damaged_last_ckpt_resumes_from_the_newest_intact_periodic_one(compose_cfg, tmp_path, caplog):
+    run_dir = tmp_path / "run"
+    run(compose_cfg(*FAST, "stop_at_step=5", f"run_dir={run_dir}"))  # rl_step=5.ckpt and last.ckpt
+    last = run_dir / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a full disk's truncated write
+
+    with caplog.at_level(logging.WARNING):
+        run(compose_cfg(*FAST, "ckpt_path=last", f"run_dir={run_dir}"))
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "last.ckpt" in r.getMessage()]
+    assert len(warnings) == 1 and "rl_step=5.ckpt" in warnings[0], warnings
+    assert set(logged(run_dir)) == set(range(6))  # steps 0-4 from the first run, 5 from the resumed one
+
+
+def test_garbage_ckpt_path_fails_with_one_line_naming_the_file(tmp_path):
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint" * 100)
+
+    result = train(f"ckpt_path={garbage}", f"hydra.run.dir={tmp_path}")
+
+    assert result.returncode == 2
+    assert last_line(result.stderr).startswith(f"error: ckpt_path '{garbage}' is not an intact checkpoint")
+    assert "Traceback" not in result.stderr and "weights_only" not in result.stderr
