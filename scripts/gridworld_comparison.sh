@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The paper's comparison in miniature (README "EPO vs PPO on a sparse-reward, long-horizon gridworld"):
+# The paper's comparison in miniature (docs/comparison.md):
 # one shared supervised warm start, then PPO, PPO+EPO and the ablations x seeds on experiment=gridworld_long,
 # JOBS runs at a time (one torch thread each), then the figures and the Succ.*/Succ. tables (evaluations after
 # the first RL step: the shared starting level is left out). Rerun it to go on after a stop: finished runs

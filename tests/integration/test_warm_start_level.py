@@ -1,4 +1,4 @@
-"""``experiment=gridworld_sft`` reaches the level the README states for seeds 0-2 and 1 or 2 threads (slow: six
+"""``experiment=gridworld_sft`` reaches the level docs/learning.md states for seeds 0-2 and 1 or 2 threads (slow: six
 supervised runs of about 4 minutes and their evaluations, about 30 minutes). Different thread counts round
 differently: the cheapest stand-in for another machine, whose rounding once decided whether the warm start left
 its plateau at all (0.78 IID on one machine, 0.22 on another).
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# README "Learning on gridworld": the final policy on 300 episodes per split (2026-11-23). Out of distribution
+# docs/learning.md: the final policy on 300 episodes per split (2026-11-23). Out of distribution
 # the seeds themselves differ by up to +-0.06 (seed 0 about 0.32, seeds 1 and 2 about 0.22; thread counts agree).
 LEVEL = {"val/iid/success": (0.71, 0.05), "val/ood/success": (0.27, 0.06)}
 pytestmark = pytest.mark.slow
