@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import logging
+import subprocess
 
 import pytest
 import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from lightning_epo.checkpoint_io import AtomicCheckpointIO
+from lightning_epo.checkpoint_io import AtomicCheckpointIO, is_intact
 from lightning_epo.run import run
 from tests.integration.test_cli import last_line, train
 from tests.integration.test_exact_resume import FAST, logged
@@ -53,3 +55,29 @@ def test_garbage_ckpt_path_fails_with_one_line_naming_the_file(tmp_path):
     assert result.returncode == 2
     assert last_line(result.stderr).startswith(f"error: ckpt_path '{garbage}' is not an intact checkpoint")
     assert "Traceback" not in result.stderr and "weights_only" not in result.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 6 MiB tmpfs: a real full disk (needs the right to mount, as root in a container; skipped otherwise)."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount_point)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    yield mount_point
+    subprocess.run(["umount", str(mount_point)], check=True)
+
+
+@pytest.mark.parametrize("writer", [TorchCheckpointIO, AtomicCheckpointIO])
+def test_a_full_disk_leaves_the_previous_last_ckpt_intact(small_disk, writer):
+    path = small_disk / "last.ckpt"
+    writer().save_checkpoint({"weights": torch.ones(2**20 // 4)}, path)  # 1 MiB: the previous checkpoint
+    (small_disk / "filler").write_bytes(b"\0" * 2**20 * 3)  # the run's other files: 2 MiB free
+    with pytest.raises((OSError, RuntimeError)):  # torch's zip writer reports ENOSPC as a RuntimeError
+        writer().save_checkpoint({"weights": torch.ones(2**20 * 3 // 4)}, path)  # 3 MiB do not fit
+
+    if writer is TorchCheckpointIO:  # Lightning's writer truncates the file it replaces: the issue's probe
+        assert not is_intact(path)
+    else:
+        assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "last.ckpt"]
+        assert torch.load(path, weights_only=True)["weights"].numel() == 2**20 // 4
