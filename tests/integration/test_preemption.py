@@ -88,3 +88,25 @@ def test_ctrl_c_saves_the_last_completed_step_and_exits_130(tiny_model_path, tmp
     done = completed_steps(tmp_path)
     assert 2 <= done < STEPS
     assert checkpoint_step(tmp_path / "checkpoints" / "last.ckpt") == done
+
+
+def test_slurm_requeue_signal_still_reaches_lightning_inside_preemption(monkeypatch):
+    """With Lightning's SLURM auto-requeue, its SIGUSR1 handler (save hpc_ckpt, requeue) is installed as without
+    Preemption, and its SIGTERM handler passes the signal on to Preemption's."""
+    import lightning as L
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    from lightning_epo.preemption import Preemption
+
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_JOB_NAME", "epo")
+    with Preemption() as preemption:
+        trainer = L.Trainer(accelerator="cpu", devices=1, plugins=[SLURMEnvironment(auto_requeue=True)], logger=False)
+        trainer._signal_connector.register_signal_handlers()
+        try:
+            handlers = signal.getsignal(signal.SIGUSR1).signal_handlers
+            assert trainer._signal_connector._slurm_sigusr_handler_fn in handlers
+            signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # what SLURM sends before the end
+            assert trainer.received_sigterm and preemption.signum == signal.SIGTERM
+        finally:
+            trainer._signal_connector.teardown()
