@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import hydra
 from hydra.errors import InstantiationException
@@ -25,6 +24,7 @@ def _user_error(exc: BaseException) -> BaseException | None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from lightning_epo.errors import exit_with_error
     from lightning_epo.preemption import Preemption
     from lightning_epo.run import run
 
@@ -35,8 +35,7 @@ def main(cfg: DictConfig) -> None:
         user_error = _user_error(exc)
         if user_error is None or os.environ.get("LIGHTNING_EPO_TRACEBACK"):
             raise
-        print(f"error: {user_error}", file=sys.stderr)
-        sys.exit(2)
+        exit_with_error(user_error)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ import argparse
 import json
 import math
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from lightning_epo.callbacks.turn_entropy import FILENAME as TURN_ENTROPY_FILE  # noqa: E402
-from lightning_epo.errors import UserError  # noqa: E402
+from lightning_epo.errors import UserError, exit_with_error  # noqa: E402
 from lightning_epo.run_history import RUN_ARGS_HELP, Run, Series, group_runs, load_run_arg, seed_std  # noqa: E402
 
 Curve = tuple[list[float], list[float], list[float]]  # x, mean, std
@@ -169,8 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         written = plot_runs(args.runs, args.out)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        exit_with_error(exc)
     for path in written:
         print(f"wrote {path}")
 

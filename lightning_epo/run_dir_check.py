@@ -7,13 +7,14 @@ read-only or impossible ``hydra.run.dir`` ends in Hydra's stack trace.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from lightning_epo.errors import exit_with_error
 
 
 def unwritable_reason(directory: Path) -> str | None:
@@ -46,6 +47,4 @@ def _check(config: DictConfig, key: str) -> None:
     directory = Path(str(OmegaConf.select(config, key)))
     reason = unwritable_reason(directory)
     if reason is not None:
-        print(f"error: cannot write the run directory {directory} ({reason}): set {key}=<a writable directory>",
-              file=sys.stderr)
-        sys.exit(2)
+        exit_with_error(f"cannot write the run directory {directory} ({reason}): set {key}=<a writable directory>")

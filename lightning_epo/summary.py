@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from lightning_epo.errors import UserError
+from lightning_epo.errors import UserError, exit_with_error
 from lightning_epo.run_history import RUN_ARGS_HELP, Run, Series, group_runs, load_run_arg, seed_std
 
 
@@ -154,8 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         summaries = summarize([load_run_arg(r) for r in args.runs], args.metric, args.window, args.from_step)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        exit_with_error(exc)
     Console().print(rich_table(summaries, args.metric, args.window, args.from_step))
     if args.markdown:
         args.markdown.write_text(markdown_table(summaries, args.metric, args.window, args.from_step))

@@ -21,6 +21,7 @@ Environments live behind an :class:`EnvPool` so that real simulators can run in 
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +97,13 @@ class EnvPool(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Stop every environment; no process may be left behind."""
+
+    def check_slots(self, slots: list[int], values: Sequence[object], kind: str) -> None:
+        """One value (task or action) per slot, and distinct slots in ``[0, size)``; a ValueError naming the fix."""
+        if len(slots) != len(values):
+            raise ValueError(f"got {len(slots)} slots but {len(values)} {kind}; pass one per slot")
+        if len(set(slots)) != len(slots) or any(not 0 <= s < self.size for s in slots):
+            raise ValueError(f"slots must be distinct integers in [0, {self.size}), got {slots}")
 
     def __enter__(self) -> "EnvPool":
         return self

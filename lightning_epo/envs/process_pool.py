@@ -275,7 +275,7 @@ class ProcessEnvPool(EnvPool):
 
     def _request(self, command: str, slots: list[int], arguments: list[Any], timeout_s: float) -> list[StepResult]:
         """Send ``command`` to every slot, then collect all replies under one shared deadline."""
-        self._check(slots, arguments)
+        self.check_slots(slots, arguments, "tasks" if command == "reset" else "actions")
         # Pickle and start workers first: an error must not leave requests half sent (and replies unread).
         requests = [pickle.dumps((command, argument)) for argument in arguments]
         workers = [self._worker(slot) for slot in slots]
@@ -329,8 +329,3 @@ class ProcessEnvPool(EnvPool):
         logger.warning("environment slot %d failed: %s (its episode is truncated)", slot, error)
         return StepResult(observation="", info={"error": error}, failed=True)
 
-    def _check(self, slots: list[int], arguments: list[Any]) -> None:
-        if len(slots) != len(arguments):
-            raise ValueError(f"got {len(slots)} slots but {len(arguments)} tasks/actions; pass one per slot")
-        if len(set(slots)) != len(slots) or not all(0 <= slot < self.size for slot in slots):
-            raise ValueError(f"slots must be distinct integers in [0, {self.size}), got {slots}")

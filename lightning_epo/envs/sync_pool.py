@@ -8,7 +8,7 @@ and the slot gets a fresh environment from the suite, ready for its next ``reset
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 
 from lightning_epo.errors import ConfigError
@@ -29,12 +29,14 @@ class SyncEnvPool(EnvPool):
 
     def reset(self, slots: list[int], tasks: list[Task]) -> list[StepResult]:
         """Reset ``slots[i]`` to ``tasks[i]``."""
-        self._check(slots, tasks, "tasks")
+        self._check_open()
+        self.check_slots(slots, tasks, "tasks")
         return [self._call(slot, "reset", partial(_reset, task=task)) for slot, task in zip(slots, tasks)]
 
     def step(self, slots: list[int], actions: list[str]) -> list[StepResult]:
         """Step ``slots[i]`` with ``actions[i]``, one slot after the other."""
-        self._check(slots, actions, "actions")
+        self._check_open()
+        self.check_slots(slots, actions, "actions")
         return [self._call(slot, "step", partial(_step, action=action)) for slot, action in zip(slots, actions)]
 
     def close(self) -> None:
@@ -67,13 +69,10 @@ class SyncEnvPool(EnvPool):
         except Exception as error:  # noqa: BLE001 - the env is already broken; its close may be too
             log.warning("closing the failed env of slot %d raised %s: %s", slot, type(error).__name__, error)
 
-    def _check(self, slots: list[int], values: Sequence[object], kind: str) -> None:
+    def _check_open(self) -> None:
+        """A closed pool has no environments left to use."""
         if not self.envs:
             raise RuntimeError("SyncEnvPool is closed; build a new pool")
-        if len(slots) != len(values):
-            raise ValueError(f"got {len(slots)} slots but {len(values)} {kind}; pass one per slot")
-        if len(set(slots)) != len(slots) or any(not 0 <= s < self.size for s in slots):
-            raise ValueError(f"slots must be distinct indices in [0, {self.size}), got {slots}")
 
 
 def _reset(env: TextEnv, task: Task) -> StepResult:
