@@ -131,7 +131,7 @@ def build_inputs(repeats: int, groups: int, group_size: int, max_new_tokens: int
     prompts = []
     for task in suite.tasks("train")[:groups]:
         observation, info = env.reset(task)
-        prompts.append(builder.token_ids(tokenizer, info["task"], observation, info["admissible_actions"], [], 0))
+        prompts.append(builder.token_ids(tokenizer, builder.text(info["task"], observation, info["admissible_actions"], [], 0)))
     length = min(len(p) for p in prompts)
     prompts = [p[len(p) - length :] for p in prompts for _ in range(group_size)]  # same length, see the docstring
     torch.manual_seed(seed)

@@ -217,7 +217,7 @@ class EpisodeCollector:
         step = run.episode.num_turns
         history = run.history
         while True:
-            ids = self.prompt.token_ids(self.tokenizer, task, run.observation, actions, history, step)
+            ids = self.prompt.token_ids(self.tokenizer, self.prompt.text(task, run.observation, actions, history, step))
             if len(ids) <= self.max_prompt_tokens or not history:
                 break
             history = history[1:]
@@ -233,7 +233,7 @@ class EpisodeCollector:
         keep = max(0, len(obs_ids) - (length - self.max_prompt_tokens))
         while keep >= 0:
             kept = TRUNCATION_MARK + self.tokenizer.decode(obs_ids[len(obs_ids) - keep :])
-            ids = self.prompt.token_ids(self.tokenizer, task, kept, actions, [], step)
+            ids = self.prompt.token_ids(self.tokenizer, self.prompt.text(task, kept, actions, [], step))
             if len(ids) <= self.max_prompt_tokens:
                 return ids
             keep -= max(1, len(ids) - self.max_prompt_tokens)

@@ -207,32 +207,19 @@ class PromptBuilder:
         turn = "Now it's your turn to take an action." + (" " if with_history and self.think else "\n")
         return "\n\n".join([*parts, turn + (_SCIWORLD_REASON if self.think else _SCIWORLD_ACTION_ONLY)])
 
-    def messages(
-        self,
-        task: str,
-        observation: str,
-        admissible_actions: list[str] | None,
-        history: list[tuple[str, str]],
-        step: int,
-    ) -> list[dict[str, str]]:
-        """The chat messages for one turn: a single user message (see :meth:`text`)."""
-        return [{"role": "user", "content": self.text(task, observation, admissible_actions, history, step)}]
+    @staticmethod
+    def messages(text: str) -> list[dict[str, str]]:
+        """The chat messages for one turn: a single user message holding the turn's :meth:`text`."""
+        return [{"role": "user", "content": text}]
 
-    def token_ids(
-        self,
-        tokenizer: Any,
-        task: str,
-        observation: str,
-        admissible_actions: list[str] | None,
-        history: list[tuple[str, str]],
-        step: int,
-    ) -> list[int]:
-        """The prompt's token ids, ending with the assistant generation prefix of the chat template.
+    def token_ids(self, tokenizer: Any, text: str) -> list[int]:
+        """The token ids of the turn whose user message is ``text`` (:meth:`text`), ending with the assistant
+        generation prefix of the chat template.
 
         Control tokens inside environment or agent text (e.g. a literal ``<|im_end|>``) are encoded as
         plain text, so only the template itself can open or close a chat turn.
         """
-        return chat_token_ids(tokenizer, self.messages(task, observation, admissible_actions, history, step))
+        return chat_token_ids(tokenizer, self.messages(text))
 
 
 # Private-use code points around a control token found in message text while the chat is rendered.

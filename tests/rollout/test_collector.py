@@ -209,7 +209,8 @@ def test_sciworld_prompts_list_every_earlier_action(tokenizer):
 def test_long_prompts_drop_history_then_cut_the_observation(tokenizer):
     pool = ScriptedPool(1, obs_words=20)
     obs = [pool._obs("start of a")] + [pool._obs(f"step {n} after bad") for n in (1, 2, 3)]
-    one_entry = PromptBuilder("gridworld").token_ids(tokenizer, "task a", obs[3], ["good", "bad"], [(obs[2], "bad")], 3)
+    builder = PromptBuilder("gridworld")
+    one_entry = builder.token_ids(tokenizer, builder.text("task a", obs[3], ["good", "bad"], [(obs[2], "bad")], 3))
     limit = len(one_entry)  # at turn 3 the second history entry does not fit, the first does
     engine = ScriptedEngine(tokenizer, {"task a": ["<action>bad</action>"]})
     rollout = _collect(tokenizer, pool, engine, [Task("train", "a", 1)], max_turns=4, max_prompt_tokens=limit)

@@ -86,12 +86,14 @@ def test_think_switches_the_reasoning_instruction():
 
 def test_messages_are_one_user_message():
     builder = PromptBuilder("alfworld")
-    messages = builder.messages("t", "o", ["look"], [], 0)
-    assert messages == [{"role": "user", "content": builder.text("t", "o", ["look"], [], 0)}]
+    assert builder.messages(builder.text("t", "o", ["look"], [], 0)) == [
+        {"role": "user", "content": builder.text("t", "o", ["look"], [], 0)}
+    ]
 
 
 def test_token_ids_end_with_the_assistant_generation_prefix(tokenizer):
-    ids = PromptBuilder("alfworld").token_ids(tokenizer, "t", "o", ["look"], [], 0)
+    builder = PromptBuilder("alfworld")
+    ids = builder.token_ids(tokenizer, builder.text("t", "o", ["look"], [], 0))
     prefix = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
     assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
     assert ids[-len(prefix) :] == prefix
@@ -99,7 +101,8 @@ def test_token_ids_end_with_the_assistant_generation_prefix(tokenizer):
 
 
 def test_control_tokens_in_env_text_stay_plain_text(tokenizer):
-    ids = PromptBuilder("alfworld").token_ids(tokenizer, "t", "a <|im_end|> b", None, [("<|im_start|>", "x")], 1)
+    builder = PromptBuilder("alfworld")
+    ids = builder.token_ids(tokenizer, builder.text("t", "a <|im_end|> b", None, [("<|im_start|>", "x")], 1))
     assert ids.count(tokenizer.eos_token_id) == 1
     assert ids.count(tokenizer.convert_tokens_to_ids("<|im_start|>")) == 2  # user turn + generation prefix
     assert "a <|im_end|> b" in tokenizer.decode(ids)  # the text itself is kept, as plain-text tokens
@@ -109,9 +112,9 @@ def test_prompt_without_control_tokens_is_the_chat_template_encoding(tokenizer):
     builder = PromptBuilder("alfworld")
     args = ("t", "you see a desk", ["go to desk 1"], [("obs", "act")], 2)
     expected = tokenizer.apply_chat_template(
-        builder.messages(*args), add_generation_prompt=True, tokenize=True, return_dict=False
+        builder.messages(builder.text(*args)), add_generation_prompt=True, tokenize=True, return_dict=False
     )
-    assert builder.token_ids(tokenizer, *args) == list(expected)
+    assert builder.token_ids(tokenizer, builder.text(*args)) == list(expected)
 
 
 # ScienceWorld: the EPO code base's own prompt (WujiangXu/EPO agent_system/environments/prompts/sciworld.py).
