@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Any, Iterator
 
 import hydra
@@ -59,6 +60,7 @@ from lightning_epo.optim import build_optimizer, build_scheduler
 from lightning_epo.rollout.batch import RolloutBatch
 from lightning_epo.secrets import scrub_secrets
 from lightning_epo.seeding import seed_rl_step
+from lightning_epo.step_io import StepInputs, StepReport
 
 __all__ = ["EPOModule", "TrainingDiverged"]
 
@@ -91,6 +93,7 @@ class EPOModule(L.LightningModule):
         self.save_hyperparameters(scrub_secrets(dict(self.hparams)))
         self.automatic_optimization = False
         self.model_cfg, self.algo, self.optim_cfg = (OmegaConf.create(c) for c in (model, algo, optim))
+        self.fixed_settings = self._objective_settings()
         self.actor: torch.nn.Module | None = None
         self.critic: torch.nn.Module | None = None
         self.reference: torch.nn.Module | None = None
@@ -98,14 +101,8 @@ class EPOModule(L.LightningModule):
         self.skipped_steps = 0
         self.skip_streak = 0  # skipped optimizer steps in a row
         self._hf_zero3_config: Any = None  # kept alive while ZeRO-3 loads (transformers holds a weak reference)
-        # Written by the callbacks before each RL step (EntropyWindow: "entropy_ref"; BetaSchedule: "beta").
-        self.step_inputs: dict[str, float | None] = {}
-        # (sum, count) of this rank's old-policy token entropies, read by EntropyWindow after the step.
-        self.step_entropy_stats: torch.Tensor | None = None
-        # For callbacks that report on the step (samples, per-turn panels): the last rollout and the
-        # all-rank mean old-policy token entropy of each turn index.
-        self.last_rollout: RolloutBatch | None = None
-        self.turn_entropy: list[float] = []
+        self.step_inputs = StepInputs()  # filled by the callbacks before each RL step (lightning_epo/step_io.py)
+        self.step_report: StepReport | None = None  # published after each RL step, for the callbacks
         self.val_metrics = torch.nn.ModuleDict(
             {
                 f"{split}_{name}": torchmetrics.MeanMetric()
@@ -159,33 +156,29 @@ class EPOModule(L.LightningModule):
         that this rank takes part in the other ranks' collectives."""
         return rows if len(rows) else torch.zeros(1, dtype=torch.long, device=self.device)
 
-    def _uses_smoothing(self) -> bool:
-        return bool(self.algo.epo.enabled and self.algo.epo.smoothing)
+    def _objective_settings(self) -> ObjectiveSettings:
+        """The objective's settings fixed for the whole run (λ_k, β_k and H̄ are set per step by :meth:`_settings`)."""
+        epo, algo = self.algo.epo, self.algo
+        return ObjectiveSettings(
+            entropy_coef=0.0, beta=0.0, entropy_ref=None, smoothing=bool(epo.enabled and epo.smoothing),
+            kappa_l=epo.kappa_l, kappa_r=epo.kappa_r, alpha=epo.alpha, penalty=epo.penalty,
+            policy_loss=algo.policy_loss, clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
+            value_coef=algo.value_coef, value_clip=algo.value_clip, kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator,
+        )
 
     def _settings(self) -> ObjectiveSettings:
-        epo = self.algo.epo
-        if self._uses_smoothing() and not {"beta", "entropy_ref"} <= self.step_inputs.keys():
+        """RL step k's settings: the fixed ones with λ_k (the entropy-weight schedule), β_k and H̄ (the callbacks')."""
+        inputs = self.step_inputs
+        if self.fixed_settings.smoothing and (inputs.beta is None or inputs.window_len is None):
             raise RuntimeError(
                 f"algo {self.algo.name} smooths entropy (Eq. 6) but no entropy window / beta_k schedule ran: "
                 "use callbacks=default (EntropyWindow and BetaSchedule)"
             )
-        return ObjectiveSettings(
+        return replace(
+            self.fixed_settings,
             entropy_coef=entropy_coef_at(self.rl_step, self.hparams.total_steps, self.algo.entropy_coef, self.algo.entropy_decay),
-            beta=float(self.step_inputs.get("beta") or 0.0),
-            entropy_ref=self.step_inputs.get("entropy_ref"),
-            smoothing=self._uses_smoothing(),
-            kappa_l=epo.kappa_l,
-            kappa_r=epo.kappa_r,
-            alpha=epo.alpha,
-            penalty=epo.penalty,
-            policy_loss=self.algo.policy_loss,
-            clip_low=self.algo.clip_low,
-            clip_high=self.algo.clip_high,
-            dual_clip=self.algo.dual_clip,
-            value_coef=self.algo.value_coef,
-            value_clip=self.algo.value_clip,
-            kl_coef=self.algo.kl_coef,
-            kl_estimator=self.algo.kl_estimator,
+            beta=inputs.beta or 0.0,
+            entropy_ref=inputs.entropy_ref,
         )
 
     def _token_outputs(self, mb: RolloutBatch, model: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -441,12 +434,10 @@ class EPOModule(L.LightningModule):
         except TrainingDiverged as error:  # the engine sampled from non-finite logits: name the checkpoint
             raise self._diverged(str(error)) from error
         batch = batch.to(self.device)
-        self.last_rollout = batch
         start = time.perf_counter()
         old = self._old_policy_pass(batch)
         mask = batch.response_mask
         self._check_old_policy(old, mask)
-        self.step_entropy_stats = torch.stack([old["entropy"][mask].sum(), mask.sum().float()])
         settings = self._settings()
         targets = self._step_targets(batch, old)
         norms_before = self._param_norms()
@@ -458,6 +449,12 @@ class EPOModule(L.LightningModule):
             ev = explained_variance(targets.returns, targets.old_values, mask, self._reduce)
             if torch.isfinite(ev):  # undefined when the returns do not vary: not logged (DESIGN.md, no NaN)
                 self._log_scalar("critic/explained_variance", ev, "max")
+        self.step_report = StepReport(
+            rl_step=self.rl_step,
+            entropy_stats=torch.stack([old["entropy"][mask].sum(), mask.sum().float()]),
+            turn_entropy=self._turn_entropy(old["entropy"], batch),
+            rollout=batch,
+        )
         self.rl_step += 1
 
     # ----------------------------------------------------------------- logging
@@ -506,7 +503,6 @@ class EPOModule(L.LightningModule):
         for i, name in enumerate(("early_turns", "late_turns", "early_tokens", "late_tokens")):
             if panels[2 * i + 1] > 0:
                 log(f"entropy/{name}", panels[2 * i] / panels[2 * i + 1], "max")
-        self.turn_entropy = self._turn_entropy(old["entropy"], batch)
 
     def _turn_entropy(self, entropy: torch.Tensor, batch: RolloutBatch) -> list[float]:
         """Mean old-policy token entropy per turn index (all ranks), for the entropy-by-turn panel."""

@@ -10,8 +10,8 @@ from lightning_epo.algos import beta_schedule
 
 
 class BetaSchedule(L.Callback):
-    """Hands ``beta_k`` to the module before RL step k; ``beta='schedule'`` follows Eq. 7 with K =
-    ``total_steps``, a number keeps beta constant. The step counter is saved in the checkpoint."""
+    """Hands ``beta_k`` to the module before RL step k (the module's ``rl_step``, restored on resume);
+    ``beta='schedule'`` follows Eq. 7 with K = ``total_steps``, a number keeps beta constant."""
 
     def __init__(
         self, total_steps: int, beta: str | float = "schedule", beta_start: float = 2.0, beta_end: float = 1.0, lambda_d: float = 3.0
@@ -20,25 +20,16 @@ class BetaSchedule(L.Callback):
             raise ValueError(f"algo.epo.beta must be 'schedule' or a number, got {beta!r}")
         self.total_steps, self.beta = total_steps, beta
         self.beta_start, self.beta_end, self.lambda_d = beta_start, beta_end, lambda_d
-        self.step = 0
 
     @property
     def state_key(self) -> str:
         return self._generate_state_key(beta=self.beta)
 
     def beta_at(self, k: int) -> float:
+        """β_k: Eq. 7 at step k, or the constant."""
         if self.beta == "schedule":
             return beta_schedule(k, self.total_steps, self.beta_start, self.beta_end, self.lambda_d)
         return float(self.beta)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        pl_module.step_inputs["beta"] = self.beta_at(self.step)
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.step += 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.step = int(state_dict["step"])
+        pl_module.step_inputs.beta = self.beta_at(pl_module.rl_step)

@@ -27,15 +27,20 @@ class EntropyWindow(L.Callback):
     def state_key(self) -> str:
         return self._generate_state_key(window=self.window)
 
+    def recent(self) -> list[float]:
+        """The entries H̄ averages: all of them, or the last ``window``."""
+        return self.values if self.window == "cumulative" else self.values[-self.window :]
+
     def entropy_ref(self) -> float | None:
-        recent = self.values if self.window == "cumulative" else self.values[-self.window :]
+        """H̄ = mean(W_k), None while the window is empty."""
+        recent = self.recent()
         return sum(recent) / len(recent) if recent else None
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        pl_module.step_inputs["entropy_ref"] = self.entropy_ref()
+        pl_module.step_inputs.entropy_ref, pl_module.step_inputs.window_len = self.entropy_ref(), len(self.recent())
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        stats: torch.Tensor = pl_module.step_entropy_stats
+        stats: torch.Tensor = pl_module.step_report.entropy_stats
         if trainer.world_size > 1:
             stats = trainer.strategy.reduce(stats.clone(), reduce_op="sum")
         self.values.append(float(stats[0] / stats[1].clamp(min=1.0)))

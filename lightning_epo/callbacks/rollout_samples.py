@@ -62,7 +62,7 @@ class RolloutSamples(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step, rollout = pl_module.rl_step - 1, pl_module.last_rollout
+        step, rollout = pl_module.step_report.rl_step, pl_module.step_report.rollout
         if rollout is None:
             return
         decode = self._decoder(trainer)

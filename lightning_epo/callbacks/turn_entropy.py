@@ -15,7 +15,7 @@ FILENAME = "turn_entropy.jsonl"
 
 class TurnEntropyLog(L.Callback):
     """After RL step k, appends ``{"step": k, "entropy": [H_turn0, H_turn1, ...]}`` (the module's
-    ``turn_entropy``, all ranks; null for a turn index no response reached) to
+    step report's ``turn_entropy``, all ranks; null for a turn index no response reached) to
     ``RUN_DIR/turn_entropy.jsonl`` (read by ``python -m lightning_epo.plot``), and with a WandbLogger
     logs it as the table ``tables/turn_entropy`` (columns turn, entropy, step) for an entropy-by-turn panel."""
 
@@ -27,7 +27,8 @@ class TurnEntropyLog(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step, entropy = pl_module.rl_step - 1, list(pl_module.turn_entropy)
+        report = pl_module.step_report
+        step, entropy = report.rl_step, list(report.turn_entropy)
         append_jsonl(self.path, [{"step": step, "entropy": entropy}])
         logger = wandb_logger(trainer)
         if logger is not None:

@@ -94,8 +94,8 @@ class RankRecorder(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        self.entropy_refs.append(pl_module.step_inputs.get("entropy_ref"))
-        self.first_prompts.append([ep.turns[0].prompt_ids for ep in pl_module.last_rollout.episodes])
+        self.entropy_refs.append(pl_module.step_inputs.entropy_ref)
+        self.first_prompts.append([ep.turns[0].prompt_ids for ep in pl_module.step_report.rollout.episodes])
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         (window,) = [c for c in trainer.callbacks if isinstance(c, EntropyWindow)]
