@@ -121,6 +121,8 @@ RULES: dict[str, Rule] = {
     "model.tiny.vocab_size": integer(), "model.tiny.hidden_size": integer(), "model.tiny.intermediate_size": integer(),
     "model.tiny.num_layers": integer(), "model.tiny.num_heads": integer(), "model.tiny.num_kv_heads": integer(),
     "model.tiny.seed": integer(0), "model.tiny.init_std": POSITIVE,
+    "model.lora.r": integer(optional=True), "model.lora.alpha": POSITIVE,
+    "model.lora.dropout": number(0, 1, open_high=True), "model.lora.critic": SWITCH,
     # rollout
     "rollout.max_new_tokens": integer(), "rollout.think": SWITCH, "rollout.expert_actions": SWITCH,
     "rollout.engine.batch_size": integer(), "rollout.engine.explore_prob": FRACTION,
