@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
-from lightning_epo.distributed import hf_weights
+from lightning_epo.distributed import gathered_copy, hf_weights
 from lightning_epo.errors import UserError
 from lightning_epo.models.loading import load_actor, load_critic, load_tokenizer
 from lightning_epo.models.lora import adapter_parameters, is_lora
@@ -67,6 +67,15 @@ def test_the_critic_trains_in_full_unless_lora_critic(tiny_model_path):
     assert is_lora(critic.backbone) and critic.head.weight.requires_grad
 
 
+def test_without_lora_the_kl_reference_is_a_frozen_copy(compose_cfg, tiny_model_path):
+    module = hydra.utils.instantiate(compose_cfg("algo=ppo_epo", "algo.kl_coef=0.1").module)
+    module.configure_model()
+    assert not module.reference.training and not any(p.requires_grad for p in module.reference.parameters())
+    batch = response_batch(module.actor.config.vocab_size)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    torch.testing.assert_close(module._reference_logprobs(batch), logprobs(base, batch), atol=1e-5, rtol=0)
+
+
 def test_the_kl_reference_is_the_base_model_with_the_adapter_disabled(compose_cfg, tiny_model_path):
     module = hydra.utils.instantiate(compose_cfg("algo=ppo_epo", "algo.kl_coef=0.1", *LORA).module)
     module.configure_model()
@@ -114,3 +123,13 @@ def test_the_hf_engine_samples_from_the_adapted_weights(tiny_model_path):
 def test_target_modules_that_match_nothing_fail_with_one_line(tiny_model_path):
     with pytest.raises(UserError, match=r"^model.lora.target_modules=\['nope'\] does not fit this model"):
         load_actor(lora_cfg(tiny_model_path, target_modules=["nope"]))
+
+
+def test_a_plain_copy_for_zero3_sampling_holds_the_merged_weights(tiny_model_path):
+    """Under ZeRO-3 the hf engine samples from ``gathered_copy(actor)``: for a LoRA actor, the merged base model."""
+    actor = load_actor(lora_cfg(tiny_model_path))
+    trained_adapters(actor)
+    copy = gathered_copy(actor)
+    assert not is_lora(copy)
+    batch = response_batch(copy.config.vocab_size)
+    torch.testing.assert_close(logprobs(copy, batch), logprobs(actor, batch), atol=1e-5, rtol=1e-4)
