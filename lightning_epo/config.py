@@ -203,6 +203,12 @@ def validate(cfg: DictConfig) -> None:
         _choice(algo.gae.get("unit", "turn"), ["turn", "token"], "algo.gae.unit")
     if algo.critic and algo.advantage != "gae":
         raise ConfigError(f"algo.critic=true is unused with algo.advantage={algo.advantage}: set algo.critic=false")
+    lora = cfg.model.get("lora")
+    if lora is not None and lora.critic and (lora.r is None or not algo.critic):
+        raise ConfigError(
+            "model.lora.critic=true does nothing without model.lora.r and a critic (algo.critic=true): set both or "
+            "drop it"
+        )
     _epo_settings(algo.epo)
     if algo.epo.smoothing and not algo.epo.enabled:
         raise ConfigError("algo.epo.smoothing=true has no effect while algo.epo.enabled=false: enable EPO or drop smoothing")

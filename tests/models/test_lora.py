@@ -9,8 +9,9 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
+from lightning_epo.config import validate
 from lightning_epo.distributed import gathered_copy, hf_weights
-from lightning_epo.errors import UserError
+from lightning_epo.errors import ConfigError, UserError
 from lightning_epo.models.loading import load_actor, load_critic, load_tokenizer
 from lightning_epo.models.lora import adapter_parameters, is_lora
 from lightning_epo.models.policy_outputs import actor_token_outputs
@@ -133,3 +134,15 @@ def test_a_plain_copy_for_zero3_sampling_holds_the_merged_weights(tiny_model_pat
     assert not is_lora(copy)
     batch = response_batch(copy.config.vocab_size)
     torch.testing.assert_close(logprobs(copy, batch), logprobs(actor, batch), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("overrides", [("algo=grpo_epo", "model.lora.r=8"), ("algo=ppo_epo",)])
+def test_lora_critic_without_adapters_or_a_critic_is_refused(compose_cfg, overrides):
+    with pytest.raises(ConfigError, match=r"^model.lora.critic=true does nothing without model.lora.r and a critic"):
+        validate(compose_cfg(*overrides, "model.lora.critic=true"))
+    validate(compose_cfg("algo=ppo_epo", "model.lora.r=8", "model.lora.critic=true"))
+
+
+def test_a_lora_rank_below_one_is_refused_at_start(compose_cfg):
+    with pytest.raises(ConfigError, match=r"^model.lora.r must be an integer >= 1 or null, got 0"):
+        validate(compose_cfg("model.lora.r=0"))
