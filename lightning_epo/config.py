@@ -125,6 +125,8 @@ RULES: dict[str, Rule] = {
     "model.tiny.vocab_size": integer(), "model.tiny.hidden_size": integer(), "model.tiny.intermediate_size": integer(),
     "model.tiny.num_layers": integer(), "model.tiny.num_heads": integer(), "model.tiny.num_kv_heads": integer(),
     "model.tiny.seed": integer(0), "model.tiny.init_std": POSITIVE,
+    "model.lora.r": integer(optional=True), "model.lora.alpha": POSITIVE,
+    "model.lora.dropout": number(0, 1, open_high=True), "model.lora.critic": SWITCH,
     # rollout
     "rollout.max_new_tokens": integer(), "rollout.think": SWITCH, "rollout.expert_actions": SWITCH,
     "rollout.engine.batch_size": integer(), "rollout.engine.explore_prob": FRACTION,
@@ -206,6 +208,12 @@ def validate(cfg: DictConfig) -> None:
         _choice(algo.gae.get("unit", "turn"), ["turn", "token"], "algo.gae.unit")
     if algo.critic and algo.advantage != "gae":
         raise ConfigError(f"algo.critic=true is unused with algo.advantage={algo.advantage}: set algo.critic=false")
+    lora = cfg.model.get("lora")
+    if lora is not None and lora.critic and (lora.r is None or not algo.critic):
+        raise ConfigError(
+            "model.lora.critic=true does nothing without model.lora.r and a critic (algo.critic=true): set both or "
+            "drop it"
+        )
     _epo_settings(algo.epo)
     if algo.epo.smoothing and not algo.epo.enabled:
         raise ConfigError("algo.epo.smoothing=true has no effect while algo.epo.enabled=false: enable EPO or drop smoothing")

@@ -90,8 +90,14 @@ def hf_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Iter
     One parameter at a time: a ZeRO-3 shard is gathered, copied (cast to ``dtype``) and released before the
     next, so the peak extra memory is one parameter (plus what the caller keeps). Tied weights appear once
     (``named_parameters`` deduplicates them). Buffers (rotary tables) are not weights and are left out.
-    Under ZeRO-3 every rank must run the whole iteration.
+    Under ZeRO-3 every rank must run the whole iteration. A model with LoRA adapters gives its merged weights
+    under the base model's names (:func:`lightning_epo.models.lora.merged_weights`).
     """
+    from lightning_epo.models.lora import is_lora, merged_weights  # lora.py builds on gathered() above
+
+    if is_lora(model):
+        yield from merged_weights(model, dtype)
+        return
     for name, param in model.named_parameters():
         with gathered([param]):
             yield name, param.detach().to(dtype=dtype or param.dtype, copy=True)
@@ -107,8 +113,11 @@ def gathered_copy(model: PreTrainedModel, into: PreTrainedModel | None = None) -
     stop tokens the engines read), in eval mode; ``into``, a copy made before, is refreshed in place. Every
     rank must call it (see :func:`hf_weights`)."""
     if into is None or into is model:
+        from lightning_epo.models.lora import is_lora
+
+        base = model.get_base_model() if is_lora(model) else model  # LoRA: a plain copy of the merged model
         with torch.random.fork_rng(devices=[]):  # the copy's random init must not move the sampling RNG
-            into = type(model)(model.config)
+            into = type(base)(base.config)
         into.generation_config = model.generation_config
     for name, tensor in hf_weights(model):
         into.get_parameter(name).data = tensor

@@ -1,4 +1,5 @@
-"""The LightningModule: actor (+ critic for PPO, + frozen reference for KL) and one RL step's update.
+"""The LightningModule: actor (+ critic for PPO, + frozen reference for KL: with LoRA the actor's own frozen base)
+and one RL step's update.
 
 One ``training_step`` = one RL step k: old-policy pass (no grad) -> advantages -> PPO epochs over
 mini-batches of micro-batches -> ``L_MT - lambda [L_H - beta_k L_smooth]`` (Appendix C).
@@ -55,6 +56,7 @@ from lightning_epo.distributed import accumulation_boundary, hf_zero3_config, is
 from lightning_epo.entropy_panels import entropy_panel_sums
 from lightning_epo.errors import TrainingDiverged
 from lightning_epo.models.loading import load_actor, load_critic, load_reference
+from lightning_epo.models.lora import is_lora
 from lightning_epo.models.policy_outputs import actor_token_outputs
 from lightning_epo.optim import build_optimizer, build_scheduler
 from lightning_epo.rollout.batch import RolloutBatch
@@ -120,7 +122,7 @@ class EPOModule(L.LightningModule):
         self.actor = load_actor(self.model_cfg).train()
         if self.algo.critic:
             self.critic = load_critic(self.model_cfg).train()
-        if self.algo.kl_coef > 0:
+        if self.algo.kl_coef > 0 and not is_lora(self.actor):  # with LoRA the reference is the adapter-free base
             self.reference = load_reference(self.model_cfg)
 
     def teardown(self, stage: str) -> None:
@@ -192,6 +194,14 @@ class EPOModule(L.LightningModule):
             self.hparams.train_temperature,
         )
 
+    def _reference_logprobs(self, mb: RolloutBatch) -> torch.Tensor:
+        """``mb``'s response log-probs under the frozen reference: the reference model, or with LoRA the actor
+        with its adapter disabled (the same frozen base)."""
+        if self.reference is not None:
+            return self._token_outputs(mb, self.reference)[0]
+        with self.actor.disable_adapter():
+            return self._token_outputs(mb)[0]
+
     # ----------------------------------------------------------------- old-policy pass
     @torch.no_grad()
     def _old_policy_pass(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
@@ -200,7 +210,7 @@ class EPOModule(L.LightningModule):
         out = {"old_logprobs": torch.zeros(shape, device=self.device), "entropy": torch.zeros(shape, device=self.device)}
         if self.critic is not None:
             out["old_values"] = torch.zeros(shape, device=self.device)
-        if self.reference is not None:
+        if self.algo.kl_coef > 0:
             out["ref_logprobs"] = torch.zeros(shape, device=self.device)
         (micro_batches,) = self._micro_batches([torch.arange(len(batch), device=self.device)])
         for rows in micro_batches:
@@ -209,8 +219,8 @@ class EPOModule(L.LightningModule):
             outputs = dict(zip(("old_logprobs", "entropy"), self._token_outputs(mb)))
             if self.critic is not None:
                 outputs["old_values"] = self.critic(mb.input_ids, mb.attention_mask)
-            if self.reference is not None:
-                outputs["ref_logprobs"] = self._token_outputs(mb, self.reference)[0]
+            if "ref_logprobs" in out:
+                outputs["ref_logprobs"] = self._reference_logprobs(mb)
             for name, value in outputs.items():
                 out[name][rows, :length] = value[: len(rows)]
         return out

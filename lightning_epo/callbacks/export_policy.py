@@ -7,15 +7,17 @@ from pathlib import Path
 
 import lightning as L
 
-from lightning_epo.distributed import hf_weights, zero_stage
+from lightning_epo.distributed import gathered, hf_weights, zero_stage
 from lightning_epo.models.export import export_policy
+from lightning_epo.models.lora import adapter_parameters
 
 log = logging.getLogger(__name__)
 
 
 class ExportPolicy(L.Callback):
     """When a run completes all ``total_steps`` RL steps, saves the actor and the tokenizer to ``dirpath``
-    (``RUN_DIR/policy``), loadable by a later run with ``model.name_or_path=RUN_DIR/policy``.
+    (``RUN_DIR/policy``), loadable by a later run with ``model.name_or_path=RUN_DIR/policy`` (with LoRA: the merged
+    model, and the adapter alone in ``RUN_DIR/policy/adapter``).
 
     A run that stops early (``stop_at_step``, a crash) exports nothing, so the directory only ever holds a
     finished policy. Under ZeRO-3 every rank takes part (shards are gathered one parameter at a time into a
@@ -36,7 +38,8 @@ class ExportPolicy(L.Callback):
         weights = None
         if zero_stage(trainer.strategy) == 3:
             weights = {name: tensor for name, tensor in hf_weights(pl_module.actor) if trainer.is_global_zero}
-        if trainer.is_global_zero:
-            export_policy(pl_module.actor, trainer.datamodule.tokenizer, self.dirpath, state_dict=weights)
-            log.info("exported the policy to %s", self.dirpath)
+        with gathered(adapter_parameters(pl_module.actor)):  # LoRA under ZeRO-3: the adapters' full tensors
+            if trainer.is_global_zero:
+                export_policy(pl_module.actor, trainer.datamodule.tokenizer, self.dirpath, state_dict=weights)
+                log.info("exported the policy to %s", self.dirpath)
         trainer.strategy.barrier()

@@ -15,6 +15,11 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from lightning_epo.distributed import hf_weights
+from lightning_epo.models.lora import is_lora
+
+ADAPTER_DIR = "adapter"  # a LoRA actor's adapter, inside its exported model directory
+
 
 @contextmanager
 def staged_directory(path: str | Path) -> Iterator[Path]:
@@ -33,8 +38,8 @@ def staged_directory(path: str | Path) -> Iterator[Path]:
 def _publish(staging: Path, path: Path) -> None:
     """Rename ``staging`` to ``path`` in one step; if another process got there first, keep its directory."""
     staging.chmod(0o755)  # mkdtemp (and safetensors' own temp file) are private; a checkpoint is not
-    for file in staging.iterdir():
-        file.chmod(0o644)
+    for entry in staging.rglob("*"):
+        entry.chmod(0o755 if entry.is_dir() else 0o644)
     try:
         staging.rename(path)
     except OSError:
@@ -50,11 +55,19 @@ def export_policy(
 ) -> Path:
     """Save ``actor`` (safetensors, config, generation config) and ``tokenizer`` as one Hugging Face model
     directory at ``path``, loadable with ``model.name_or_path=path``; ``state_dict`` overrides the actor's own
-    tensors (full weights gathered from ZeRO-3 shards). An existing ``path`` is replaced."""
+    tensors (full weights gathered from ZeRO-3 shards). An existing ``path`` is replaced.
+
+    A LoRA actor is saved twice: merged (base + adapters, ``state_dict`` or :func:`hf_weights`) as the model
+    directory, and its adapter alone in ``path/adapter`` (``PeftModel.from_pretrained(base, path / "adapter")``;
+    under ZeRO-3 the caller gathers the adapters' shards around this call)."""
     path = Path(path)
     if path.exists():
         shutil.rmtree(path)
     with staged_directory(path) as staging:
+        if is_lora(actor):
+            actor.save_pretrained(staging / ADAPTER_DIR)
+            state_dict = state_dict if state_dict is not None else dict(hf_weights(actor))
+            actor = actor.get_base_model()
         actor.save_pretrained(staging, state_dict=dict(state_dict) if state_dict is not None else None)
         tokenizer.save_pretrained(staging)
     return path

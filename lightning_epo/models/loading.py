@@ -16,6 +16,7 @@ The tiny model and the Qwen2.5 models load the same way; a hub id goes straight 
 - ``token``: a hub access token (ignored for local directories; without it the hub's own ``HF_TOKEN`` / login),
   e.g. ``+model.token='${oc.env:MY_HF_TOKEN}'``; kept out of saved configs, checkpoints and logs (secrets.py).
 - ``padding_side``: ``left`` (default, as generation needs) or ``right``.
+- ``lora``: LoRA adapters on the actor (and with ``lora.critic`` the critic's backbone), see lightning_epo/models/lora.py.
 
 Weights load from safetensors only (``use_safetensors=True``).
 """
@@ -29,10 +30,12 @@ from typing import Any, TypeVar
 
 import torch
 from huggingface_hub import constants as hub_constants
+from peft import PeftModel
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from lightning_epo.errors import UserError
 from lightning_epo.models.critic import ValueModel
+from lightning_epo.models.lora import add_lora, lora_settings
 from lightning_epo.models.tiny import REPO_ROOT, build_tiny_model
 
 DTYPES: dict[str, torch.dtype | str] = {
@@ -173,16 +176,22 @@ def _enable_checkpointing(model: PreTrainedModel | ValueModel, model_cfg: Mappin
         model.gradient_checkpointing_enable()
 
 
-def load_actor(model_cfg: Mapping[str, Any]) -> PreTrainedModel:
-    """The policy: ``AutoModelForCausalLM`` (in eval mode, as ``from_pretrained`` returns it; Lightning sets train)."""
+def load_actor(model_cfg: Mapping[str, Any]) -> PreTrainedModel | PeftModel:
+    """The policy: ``AutoModelForCausalLM`` (in eval mode, as ``from_pretrained`` returns it; Lightning sets train),
+    with LoRA adapters when ``model.lora.r`` is set (a ``PeftModel`` whose base is frozen)."""
     actor = _from_pretrained("actor", AutoModelForCausalLM.from_pretrained, model_cfg, weights=True)
     _enable_checkpointing(actor, model_cfg)
-    return actor
+    lora = lora_settings(model_cfg)
+    return add_lora(actor, lora, task_type="CAUSAL_LM") if lora is not None else actor
 
 
 def load_critic(model_cfg: Mapping[str, Any]) -> ValueModel:
-    """The PPO critic: a value head on its own ``AutoModel`` backbone, loaded from the same weights as the actor."""
+    """The PPO critic: a value head on its own ``AutoModel`` backbone, loaded from the same weights as the actor
+    (with LoRA adapters on the backbone when ``model.lora.r`` is set and ``model.lora.critic`` is true)."""
     backbone = _from_pretrained("critic", AutoModel.from_pretrained, model_cfg, weights=True)
+    lora = lora_settings(model_cfg)
+    if lora is not None and lora["critic"]:
+        backbone = add_lora(backbone, lora, task_type=None)
     critic = ValueModel(backbone)
     _enable_checkpointing(critic, model_cfg)
     return critic
