@@ -10,6 +10,31 @@ from lightning_epo.algos.registry import Registry
 PENALTIES: Registry = Registry("entropy penalty")
 
 
+def _fill_rows(logits: torch.Tensor, rows: slice, labels: torch.Tensor, logprob: torch.Tensor, entropy: torch.Tensor,
+               lse: torch.Tensor) -> None:
+    """Forward of one chunk: ``logprob``, ``entropy`` and ``lse`` (all ``[T]``) at ``rows`` from float32 ``logits [c, V]``
+    of those rows: ``log p = l - logsumexp(l)``, ``log p(label)`` (Eq. 3's ratio input), ``H = -sum p log p`` (Eq. 4)."""
+    lse[rows] = torch.logsumexp(logits, dim=-1)
+    logp = logits - lse[rows, None]
+    logprob[rows] = logp.gather(-1, labels[rows, None]).squeeze(-1)
+    entropy[rows] = -logp.exp().mul_(logp).sum(-1)
+
+
+def _logits_grad_(logp: torch.Tensor, rows: slice, labels: torch.Tensor, entropy: torch.Tensor,
+                  g_lp: torch.Tensor | None, g_h: torch.Tensor | None) -> torch.Tensor:
+    """Backward of one chunk, in place: float32 ``log p [c, V]`` of ``rows`` becomes ``dL/dl [c, V]``,
+    ``g_lp * (onehot(label) - p) - g_h * p * (log p + H)`` (``g_lp``, ``g_h``: ``[T]`` or ``None``, not both)."""
+    if g_h is None:
+        logp.exp_().mul_(-g_lp[rows, None])  # -g_lp p
+    else:
+        p = logp.exp()
+        shift = g_h[rows] * entropy[rows] + (g_lp[rows] if g_lp is not None else 0.0)
+        logp.mul_(-g_h[rows, None]).sub_(shift[:, None]).mul_(p)  # -p (g_h (log p + H) + g_lp)
+    if g_lp is not None:
+        logp.scatter_add_(-1, labels[rows, None], g_lp[rows, None])
+    return logp
+
+
 class _LogprobEntropy(torch.autograd.Function):
     """``(log p(label), H)`` for each row of ``logits [T, V]`` from one float32 log-softmax per chunk of rows.
 
@@ -26,11 +51,7 @@ class _LogprobEntropy(torch.autograd.Function):
         entropy, lse = torch.empty_like(logprob), torch.empty_like(logprob)
         for start in range(0, logits.shape[0], chunk):
             rows = slice(start, start + chunk)
-            part = logits[rows].float()
-            lse[rows] = torch.logsumexp(part, dim=-1)
-            logp = part - lse[rows, None]
-            logprob[rows] = logp.gather(-1, labels[rows, None]).squeeze(-1)
-            entropy[rows] = -logp.exp().mul_(logp).sum(-1)
+            _fill_rows(logits[rows].float(), rows, labels, logprob, entropy, lse)
         ctx.save_for_backward(logits, labels, lse, entropy)
         ctx.chunk = chunk
         return logprob, entropy
@@ -44,15 +65,8 @@ class _LogprobEntropy(torch.autograd.Function):
         in_place = grad.dtype == torch.float32  # write straight into the gradient, no float32 copy
         for start in range(0, logits.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
-            d = torch.sub(logits[rows].float(), lse[rows, None], out=grad[rows] if in_place else None)  # log p
-            if g_h is None:
-                d.exp_().mul_(-g_lp[rows, None])  # -g_lp p
-            else:
-                p = d.exp()
-                shift = g_h[rows] * entropy[rows] + (g_lp[rows] if g_lp is not None else 0.0)
-                d.mul_(-g_h[rows, None]).sub_(shift[:, None]).mul_(p)  # -p (g_h (log p + H) + g_lp)
-            if g_lp is not None:
-                d.scatter_add_(-1, labels[rows, None], g_lp[rows, None])
+            logp = torch.sub(logits[rows].float(), lse[rows, None], out=grad[rows] if in_place else None)
+            d = _logits_grad_(logp, rows, labels, entropy, g_lp, g_h)
             if not in_place:
                 grad[rows] = d
         return grad, None, None
