@@ -187,6 +187,7 @@ class EPOModule(L.LightningModule):
             mb.response_mask,
             self.model_cfg.get("logits_chunk_size"),
             self.hparams.train_temperature,
+            self.model_cfg.get("fused_output", False),
         )
 
     # ----------------------------------------------------------------- old-policy pass
