@@ -139,6 +139,7 @@ class _FusedOutputLogprobEntropy(torch.autograd.Function):
                 grad_w.addmm_(d.T, hidden[rows])
             elif grad_w is not None:  # a bf16 [V, d] product (float32 inside the matmul), summed over chunks in float32
                 grad_w += d.T @ hidden[rows]
+            del logp, d  # free this chunk's [c, V] before the next chunk's logits are made
         grad_w = grad_w.to(weight.dtype) if want_w else None
         grad_b = grad_b.to(bias.dtype) if want_b else None
         return grad_h, grad_w, grad_b, None, None, None
