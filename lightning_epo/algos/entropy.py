@@ -12,8 +12,9 @@ PENALTIES: Registry = Registry("entropy penalty")
 
 def _fill_rows(logits: torch.Tensor, rows: slice, labels: torch.Tensor, logprob: torch.Tensor, entropy: torch.Tensor,
                lse: torch.Tensor) -> None:
-    """Forward of one chunk: ``logprob``, ``entropy`` and ``lse`` (all ``[T]``) at ``rows`` from float32 ``logits [c, V]``
-    of those rows: ``log p = l - logsumexp(l)``, ``log p(label)`` (Eq. 3's ratio input), ``H = -sum p log p`` (Eq. 4)."""
+    """Forward of one chunk: ``logprob``, ``entropy`` and ``lse`` (all ``[T]``) at ``rows`` from the float32
+    ``logits [c, V]`` of those rows: ``log p = l - logsumexp(l)``, ``log p(label)`` (Eq. 3's ratio input) and
+    ``H = -sum p log p`` (Eq. 4)."""
     lse[rows] = torch.logsumexp(logits, dim=-1)
     logp = logits - lse[rows, None]
     logprob[rows] = logp.gather(-1, labels[rows, None]).squeeze(-1)
@@ -86,8 +87,8 @@ def token_logprobs_and_entropy(
     return logprob.reshape(labels.shape), entropy.reshape(labels.shape)
 
 
-def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
-    """Float32 ``(h W^T + b) / temperature``: ``hidden [c, d]``, ``weight [V, d]``, ``bias [V]`` -> ``[c, V]`` (a new tensor)."""
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):
+    """Float32 ``(h W^T + b) / temperature``: ``hidden [c, d]``, ``weight [V, d]``, ``bias [V]`` -> a new ``[c, V]``."""
     logits = F.linear(hidden, weight, bias).float()
     return logits.div_(temperature) if temperature != 1.0 else logits
 
