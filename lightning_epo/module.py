@@ -192,6 +192,7 @@ class EPOModule(L.LightningModule):
             mb.response_mask,
             self.model_cfg.get("logits_chunk_size"),
             self.hparams.train_temperature,
+            self.model_cfg.get("fused_output", False),
         )
 
     def _reference_logprobs(self, mb: RolloutBatch) -> torch.Tensor:

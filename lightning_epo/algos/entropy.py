@@ -10,6 +10,32 @@ from lightning_epo.algos.registry import Registry
 PENALTIES: Registry = Registry("entropy penalty")
 
 
+def _fill_rows(logits: torch.Tensor, rows: slice, labels: torch.Tensor, logprob: torch.Tensor, entropy: torch.Tensor,
+               lse: torch.Tensor) -> None:
+    """Forward of one chunk: ``logprob``, ``entropy`` and ``lse`` (all ``[T]``) at ``rows`` from the float32
+    ``logits [c, V]`` of those rows: ``log p = l - logsumexp(l)``, ``log p(label)`` (Eq. 3's ratio input) and
+    ``H = -sum p log p`` (Eq. 4)."""
+    lse[rows] = torch.logsumexp(logits, dim=-1)
+    logp = logits - lse[rows, None]
+    logprob[rows] = logp.gather(-1, labels[rows, None]).squeeze(-1)
+    entropy[rows] = -logp.exp().mul_(logp).sum(-1)
+
+
+def _logits_grad_(logp: torch.Tensor, rows: slice, labels: torch.Tensor, entropy: torch.Tensor,
+                  g_lp: torch.Tensor | None, g_h: torch.Tensor | None) -> torch.Tensor:
+    """Backward of one chunk, in place: float32 ``log p [c, V]`` of ``rows`` becomes ``dL/dl [c, V]``,
+    ``g_lp * (onehot(label) - p) - g_h * p * (log p + H)`` (``g_lp``, ``g_h``: ``[T]`` or ``None``, not both)."""
+    if g_h is None:
+        logp.exp_().mul_(-g_lp[rows, None])  # -g_lp p
+    else:
+        p = logp.exp()
+        shift = g_h[rows] * entropy[rows] + (g_lp[rows] if g_lp is not None else 0.0)
+        logp.mul_(-g_h[rows, None]).sub_(shift[:, None]).mul_(p)  # -p (g_h (log p + H) + g_lp)
+    if g_lp is not None:
+        logp.scatter_add_(-1, labels[rows, None], g_lp[rows, None])
+    return logp
+
+
 class _LogprobEntropy(torch.autograd.Function):
     """``(log p(label), H)`` for each row of ``logits [T, V]`` from one float32 log-softmax per chunk of rows.
 
@@ -26,11 +52,7 @@ class _LogprobEntropy(torch.autograd.Function):
         entropy, lse = torch.empty_like(logprob), torch.empty_like(logprob)
         for start in range(0, logits.shape[0], chunk):
             rows = slice(start, start + chunk)
-            part = logits[rows].float()
-            lse[rows] = torch.logsumexp(part, dim=-1)
-            logp = part - lse[rows, None]
-            logprob[rows] = logp.gather(-1, labels[rows, None]).squeeze(-1)
-            entropy[rows] = -logp.exp().mul_(logp).sum(-1)
+            _fill_rows(logits[rows].float(), rows, labels, logprob, entropy, lse)
         ctx.save_for_backward(logits, labels, lse, entropy)
         ctx.chunk = chunk
         return logprob, entropy
@@ -44,15 +66,8 @@ class _LogprobEntropy(torch.autograd.Function):
         in_place = grad.dtype == torch.float32  # write straight into the gradient, no float32 copy
         for start in range(0, logits.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
-            d = torch.sub(logits[rows].float(), lse[rows, None], out=grad[rows] if in_place else None)  # log p
-            if g_h is None:
-                d.exp_().mul_(-g_lp[rows, None])  # -g_lp p
-            else:
-                p = d.exp()
-                shift = g_h[rows] * entropy[rows] + (g_lp[rows] if g_lp is not None else 0.0)
-                d.mul_(-g_h[rows, None]).sub_(shift[:, None]).mul_(p)  # -p (g_h (log p + H) + g_lp)
-            if g_lp is not None:
-                d.scatter_add_(-1, labels[rows, None], g_lp[rows, None])
+            logp = torch.sub(logits[rows].float(), lse[rows, None], out=grad[rows] if in_place else None)
+            d = _logits_grad_(logp, rows, labels, entropy, g_lp, g_h)
             if not in_place:
                 grad[rows] = d
         return grad, None, None
@@ -69,6 +84,84 @@ def token_logprobs_and_entropy(
     """
     flat, flat_labels = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
     logprob, entropy = _LogprobEntropy.apply(flat, flat_labels, chunk_size or max(flat.shape[0], 1))
+    return logprob.reshape(labels.shape), entropy.reshape(labels.shape)
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):
+    """Float32 ``(h W^T + b) / temperature``: ``hidden [c, d]``, ``weight [V, d]``, ``bias [V]`` -> a new ``[c, V]``."""
+    logits = F.linear(hidden, weight, bias).float()
+    return logits.div_(temperature) if temperature != 1.0 else logits
+
+
+class _FusedOutputLogprobEntropy(torch.autograd.Function):
+    """``(log p(label), H)`` per row of ``hidden [T, d]`` through the output layer ``l = (h W^T + b) / temperature``,
+    one chunk of rows at a time: only one chunk's ``[chunk, V]`` logits (and float32 temporaries) ever exist.
+
+    The forward keeps ``h``, ``W``, ``b`` and the per-row ``logsumexp`` and ``H``; the backward recomputes each chunk's
+    logits, turns them into ``dL/dl`` with :func:`_logits_grad_` (the math of :class:`_LogprobEntropy`), then
+    ``dL/dh = dL/dl W / temperature`` for the chunk and accumulates ``dL/dW += (dL/dl)^T h / temperature`` and
+    ``dL/db += sum_rows dL/dl / temperature`` in float32.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+                temperature: float, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.set_materialize_grads(False)
+        logprob = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        entropy, lse = torch.empty_like(logprob), torch.empty_like(logprob)
+        for start in range(0, hidden.shape[0], chunk):
+            rows = slice(start, start + chunk)
+            _fill_rows(_chunk_logits(hidden[rows], weight, bias, temperature), rows, labels, logprob, entropy, lse)
+        ctx.save_for_backward(hidden, weight, bias, labels, lse, entropy)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return logprob, entropy
+
+    @staticmethod
+    def backward(ctx, g_lp: torch.Tensor | None, g_h: torch.Tensor | None):
+        hidden, weight, bias, labels, lse, entropy = ctx.saved_tensors
+        want_h, want_w, want_b = ctx.needs_input_grad[:3]
+        if g_lp is None and g_h is None:
+            return None, None, None, None, None, None
+        grad_h = torch.empty_like(hidden) if want_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if want_b else None
+        for start in range(0, hidden.shape[0], ctx.chunk):
+            rows = slice(start, start + ctx.chunk)
+            logp = _chunk_logits(hidden[rows], weight, bias, ctx.temperature).sub_(lse[rows, None])
+            d = _logits_grad_(logp, rows, labels, entropy, g_lp, g_h)  # dL/dl [c, V] float32
+            if ctx.temperature != 1.0:
+                d.div_(ctx.temperature)  # dL/d(h W^T + b)
+            if grad_b is not None:
+                grad_b += d.sum(0)
+            d = d.to(weight.dtype)  # the output layer's own dtype for its two products (as the unfused backward)
+            if grad_h is not None:
+                grad_h[rows] = d @ weight
+            if grad_w is not None and d.dtype == torch.float32:
+                grad_w.addmm_(d.T, hidden[rows])
+            elif grad_w is not None:  # a bf16 [V, d] product (float32 inside the matmul), summed over chunks in float32
+                grad_w += d.T @ hidden[rows]
+            del logp, d  # free this chunk's [c, V] before the next chunk's logits are made
+        grad_w = grad_w.to(weight.dtype) if want_w else None
+        grad_b = grad_b.to(bias.dtype) if want_b else None
+        return grad_h, grad_w, grad_b, None, None, None
+
+
+def fused_output_logprobs_and_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor | None = None,
+    temperature: float = 1.0, chunk_size: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs_and_entropy` of the logits ``(h W^T + b) / temperature`` without ever holding them whole:
+    ``log pi(label | context)`` (Eq. 3's ratio) and ``H`` (Eq. 4's ``H_jti``) per position.
+
+    ``hidden [..., d]``, ``weight [V, d]`` (the output layer's, tied to the input embedding or not: autograd adds
+    the two gradients of a tied weight), ``bias [V]`` or ``None``, ``labels [...]`` -> two float32 ``[...]`` tensors.
+    At most ``chunk_size`` rows (all rows if ``None``) of ``[V]`` logits exist at a time, forward and backward (which
+    recomputes them: one more ``[chunk, d] x [d, V]`` product per chunk). Low-precision (bf16) inputs: the products
+    run in their dtype, the softmax math and the gradients of ``weight`` and ``bias`` (summed over chunks) in float32.
+    """
+    flat, flat_labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
+    chunk = chunk_size or max(flat.shape[0], 1)
+    logprob, entropy = _FusedOutputLogprobEntropy.apply(flat, weight, bias, flat_labels, float(temperature), chunk)
     return logprob.reshape(labels.shape), entropy.reshape(labels.shape)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_epo.algos.entropy import token_logprobs_and_entropy
+from lightning_epo.algos.entropy import fused_output_logprobs_and_entropy, token_logprobs_and_entropy
 
 
 def response_positions(response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,11 +30,20 @@ def actor_token_outputs(
     response_mask: torch.Tensor,
     chunk_size: int | None = None,
     temperature: float = 1.0,
+    fused: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob of each generated token and the policy entropy at that position.
+    """Log-prob of each generated token (Eq. 3's ratio input) and the policy entropy at that position (Eq. 4's H).
 
     ``logits[p-1]`` scores token ``p`` (causal shift); logits are divided by the sampling ``temperature``
     (so log-probs match the distribution the engine sampled from).
+
+    ``fused`` (``model.fused_output``) applies the output layer inside the log-prob/entropy function, ``chunk_size``
+    rows at a time, so the ``[T, V]`` logits and their gradient never exist whole (memory flat in ``T``; the backward
+    recomputes each chunk's logits: one more output-layer product). ``chunk_size`` (``model.logits_chunk_size``) keeps
+    its meaning, the rows of ``[V]`` logits worked on at once; only with ``fused`` does it bound the logits themselves.
+    A switch of its own rather than "fuse whenever a chunk size is set": the shipped Qwen configs set a chunk size
+    and run under ZeRO-3, whose partitioned output weight the fused path cannot read (it refuses it), and the
+    extra product is a time cost to opt into. Off by default: today's path, today's numbers.
 
     Args:
         input_ids, attention_mask, response_mask: ``[N, L]``.
@@ -43,8 +52,17 @@ def actor_token_outputs(
     """
     hidden = actor.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [N, L, d]
     rows, cols = response_positions(response_mask)
-    logits = actor.get_output_embeddings()(hidden[rows, cols - 1])  # [T, V]
-    if temperature != 1.0:  # skip a [T, V] copy (and its backward) in the common case
-        logits = logits / temperature
-    logprob, entropy = token_logprobs_and_entropy(logits, input_ids[rows, cols], chunk_size)
+    head, labels = actor.get_output_embeddings(), input_ids[rows, cols]
+    if fused:
+        if hasattr(head.weight, "ds_id"):  # DeepSpeed ZeRO-3: the weight is gathered only inside head's own forward
+            raise ValueError("model.fused_output=true cannot read a ZeRO-3 partitioned output layer: set "
+                             "model.fused_output=false or use trainer=deepspeed_stage_2")
+        logprob, entropy = fused_output_logprobs_and_entropy(
+            hidden[rows, cols - 1], head.weight, labels, head.bias, temperature, chunk_size
+        )
+    else:
+        logits = head(hidden[rows, cols - 1])  # [T, V]
+        if temperature != 1.0:  # skip a [T, V] copy (and its backward) in the common case
+            logits = logits / temperature
+        logprob, entropy = token_logprobs_and_entropy(logits, labels, chunk_size)
     return scatter_tokens(logprob, rows, cols, input_ids.shape), scatter_tokens(entropy, rows, cols, input_ids.shape)

@@ -1,0 +1,71 @@
+"""``model.fused_output``: ``actor_token_outputs`` on the tiny model gives the same log-probs, entropies and
+parameter gradients with the output layer fused into the log-prob/entropy function as without."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_epo.models.loading import load_actor
+from lightning_epo.models.policy_outputs import actor_token_outputs
+
+N, L = 3, 12
+
+
+@pytest.fixture
+def actor(tiny_model_path):
+    return load_actor({"name_or_path": tiny_model_path, "dtype": "float32", "attn_implementation": "sdpa"})
+
+
+@pytest.fixture
+def batch():
+    g = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(3, 1000, (N, L), generator=g)
+    attention_mask = torch.ones(N, L, dtype=torch.long)
+    attention_mask[1, :4] = 0  # a left-padded row
+    response_mask = torch.zeros(N, L, dtype=torch.long)
+    response_mask[0, 5:], response_mask[1, 8:11], response_mask[2, 2:9] = 1, 1, 1  # T = 17 tokens
+    return input_ids, attention_mask, response_mask
+
+
+def run(actor, batch, **kwargs):
+    """Log-probs, entropies and every parameter's gradient of a loss using both."""
+    actor.zero_grad(set_to_none=True)
+    logprob, entropy = actor_token_outputs(actor, *batch, **kwargs)
+    weights = torch.randn(N, L, generator=torch.Generator().manual_seed(1))
+    ((logprob * weights).sum() + (entropy * weights.flip(0)).sum()).backward()
+    return logprob.detach(), entropy.detach(), {n: p.grad.clone() for n, p in actor.named_parameters()}
+
+
+def assert_same(a, b):
+    assert torch.allclose(a[0], b[0], rtol=1e-5, atol=1e-6) and torch.allclose(a[1], b[1], rtol=1e-5, atol=1e-6)
+    assert a[2].keys() == b[2].keys()
+    for name in a[2]:
+        scale = b[2][name].abs().max().item()
+        assert torch.allclose(a[2][name], b[2][name], rtol=0, atol=1e-5 * scale), name
+
+
+@pytest.mark.parametrize("chunk", [None, 4, 17])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_fused_switch_changes_nothing_on_the_tied_tiny_model(actor, batch, chunk, temperature):
+    assert actor.get_output_embeddings().weight is actor.get_input_embeddings().weight
+    today = run(actor, batch, chunk_size=chunk, temperature=temperature)
+    fused = run(actor, batch, chunk_size=chunk, temperature=temperature, fused=True)
+    assert_same(fused, today)
+
+
+def test_fused_switch_changes_nothing_with_an_untied_head_with_bias(actor, batch):
+    old = actor.get_output_embeddings()
+    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(old.weight * 0.5)
+        head.bias.normal_(generator=torch.Generator().manual_seed(2))
+    actor.set_output_embeddings(head)
+    assert head.weight is not actor.get_input_embeddings().weight
+    assert_same(run(actor, batch, chunk_size=5, temperature=0.6, fused=True), run(actor, batch, temperature=0.6))
+
+
+def test_fused_refuses_a_zero3_partitioned_output_layer(actor, batch):
+    actor.get_output_embeddings().weight.ds_id = 0  # what DeepSpeed ZeRO-3 marks its partitioned parameters with
+    with pytest.raises(ValueError, match="model.fused_output=false"):
+        actor_token_outputs(actor, *batch, fused=True)
