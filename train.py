@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 def _user_error(exc: BaseException) -> BaseException | None:
     """The user-facing error behind ``exc`` (Hydra wraps errors raised while instantiating), if any."""
-    from lightning_epo.errors import UserError
+    from lightning_epo.core.errors import UserError
 
     while exc is not None:
         if isinstance(exc, UserError):
@@ -24,9 +24,9 @@ def _user_error(exc: BaseException) -> BaseException | None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from lightning_epo.errors import exit_with_error
-    from lightning_epo.preemption import Preemption
-    from lightning_epo.run import run
+    from lightning_epo.core.errors import exit_with_error
+    from lightning_epo.runtime.preemption import Preemption
+    from lightning_epo.runtime.run import run
 
     try:
         with Preemption():  # SIGTERM / Ctrl+C: stop after the current RL step, exit 143 / 130

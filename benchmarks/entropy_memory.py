@@ -30,7 +30,6 @@ import time
 
 import bench_utils  # noqa: F401 - puts the repository on sys.path
 import torch
-
 from bench_utils import machine_line, print_table
 
 VOCAB = 151936

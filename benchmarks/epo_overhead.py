@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import bench_utils  # noqa: F401 - puts the repository on sys.path
 import torch
+from bench_utils import REPO_ROOT, machine_line, median, print_table, spread
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from bench_utils import REPO_ROOT, machine_line, median, print_table, spread
 from lightning_epo.algos import trajectory_weights
 from lightning_epo.algos.objective import ObjectiveSettings, StepTargets, epo_objective
 from lightning_epo.models.loading import load_actor

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from bench_utils import REPO_ROOT, machine_line, median, print_table
+
 from lightning_epo.envs.gridworld import GridworldSuite
 from lightning_epo.envs.process_pool import ProcessEnvPool
 from lightning_epo.envs.sync_pool import SyncEnvPool
@@ -78,6 +79,7 @@ def step_share_rows(actor: Any, tokenizer: Any, suite: GridworldSuite, tasks: li
     """Seconds per part of one RL step (HF engine, sync pool), medians over repeats, and their shares."""
     import torch
     from epo_overhead import arm_settings, step_targets, update
+
     from lightning_epo.rollout.batch import collate_episodes
     from lightning_epo.rollout.collector import EpisodeCollector
     from lightning_epo.rollout.hf_engine import HFEngine

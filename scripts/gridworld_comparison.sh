@@ -29,7 +29,7 @@ for seed in $SEEDS; do      # seed-major: a stopped run of the script leaves eve
 done | xargs -P "$JOBS" -I{} sh -c "{}"
 
 RUNS=$(for algo in $ALGOS; do for seed in $SEEDS; do echo "$OUT/$algo/s$seed"; done; done)
-$PY -m lightning_epo.plot $RUNS --out "$OUT/figures"
+$PY -m lightning_epo.reports.plot $RUNS --out "$OUT/figures"
 for metric in val/iid/success val/ood/success; do
-  $PY -m lightning_epo.summary $RUNS --metric "$metric" --from-step 1 --markdown "$OUT/table_$(echo "$metric" | cut -d/ -f2).md"
+  $PY -m lightning_epo.reports.summary $RUNS --metric "$metric" --from-step 1 --markdown "$OUT/table_$(echo "$metric" | cut -d/ -f2).md"
 done

@@ -10,8 +10,8 @@ import pytest
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from lightning_epo.checkpoint_io import AtomicCheckpointIO, is_intact
-from lightning_epo.run import run
+from lightning_epo.runtime.run import run
+from lightning_epo.training.checkpoint_io import AtomicCheckpointIO, is_intact
 from tests.integration.test_cli import last_line, train
 from tests.integration.test_exact_resume import FAST, logged
 

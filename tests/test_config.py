@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from lightning_epo.config import RULES, check_rules, validate
-from lightning_epo.errors import ConfigError
+from lightning_epo.core.errors import ConfigError
+from lightning_epo.runtime.config import RULES, check_rules, validate
 
 
 def test_k1_kl_in_the_loss_is_refused_naming_k2_and_k3(compose_cfg):
@@ -85,5 +85,5 @@ def test_every_number_and_switch_of_the_configs_has_a_rule_that_accepts_the_ship
     cfg = compose_cfg(choice)
     leaves = _numbers_and_switches(OmegaConf.to_container(cfg, resolve=False))
     unchecked = [key for key in leaves if key not in RULES and not key.startswith(CHECKED_BY_LIGHTNING)]
-    assert not unchecked, f"add a rule to lightning_epo/config.py RULES for: {unchecked}"
+    assert not unchecked, f"add a rule to lightning_epo/runtime/config.py RULES for: {unchecked}"
     check_rules(cfg)

@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import lightning_epo.module as module_lib
+import lightning_epo.training.module as module_lib
 from lightning_epo.callbacks import BetaSchedule, EntropyWindow, RLStepCheckpoint
-from lightning_epo.module import TrainingDiverged
+from lightning_epo.training.module import TrainingDiverged
 from tests.test_module import synthetic_batch
 
 

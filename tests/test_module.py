@@ -124,16 +124,16 @@ def test_target_kl_stops_the_update_at_the_first_mini_batch_past_it(compose_cfg)
 
 @pytest.mark.parametrize("bad", ["0", "-0.1", "true", "'x'"])
 def test_target_kl_must_be_positive(compose_cfg, bad):
-    from lightning_epo.config import validate
-    from lightning_epo.errors import ConfigError
+    from lightning_epo.core.errors import ConfigError
+    from lightning_epo.runtime.config import validate
 
     with pytest.raises(ConfigError, match="algo.target_kl must be a number > 0"):
         validate(compose_cfg("algo=ppo", f"algo.target_kl={bad}"))
 
 
 def test_gae_unit_is_checked_at_start(compose_cfg):
-    from lightning_epo.config import validate
-    from lightning_epo.errors import ConfigError
+    from lightning_epo.core.errors import ConfigError
+    from lightning_epo.runtime.config import validate
 
     with pytest.raises(ConfigError, match="algo.gae.unit='step' is not valid; choose one of: turn, token"):
         validate(compose_cfg("algo=ppo", "algo.gae.unit=step"))

@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import lightning_epo.module as module_lib
+import lightning_epo.training.module as module_lib
 from lightning_epo.callbacks import BetaSchedule, EntropyWindow, RLStepCheckpoint
-from lightning_epo.config import validate
-from lightning_epo.errors import ConfigError, UserError
-from lightning_epo.module import TrainingDiverged
+from lightning_epo.core.errors import ConfigError, UserError
+from lightning_epo.runtime.config import validate
+from lightning_epo.training.module import TrainingDiverged
 from tests.test_module import synthetic_batch
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from matplotlib import colors, image
 
-from lightning_epo.plot import main, plot_runs
+from lightning_epo.reports.plot import main, plot_runs
 
 STEPS = 20
 PANELS = ["train_reward", "val_iid_success", "val_ood_success", "entropy_turns", "entropy_tokens", "entropy_by_turn"]

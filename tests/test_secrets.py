@@ -1,4 +1,4 @@
-"""The scrubbing rules of lightning_epo/secrets.py: secret-named keys, token-like text, secret environment values."""
+"""The scrubbing rules of lightning_epo/core/secrets.py: secret-named keys, token-like text, secret environment values."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from lightning_epo.secrets import REDACTED, scrub_secrets, scrubbed_argv
+from lightning_epo.core.secrets import REDACTED, scrub_secrets, scrubbed_argv
 
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"
 SK = "sk-proj-" + "abcDEF0123456789xyz"

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import torch
 
-from lightning_epo.seeding import seed_rl_step, step_seed
+from lightning_epo.core.seeding import seed_rl_step, step_seed
 
 
 def draws() -> tuple[float, float, float]:

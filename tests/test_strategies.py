@@ -9,9 +9,10 @@ import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from omegaconf import OmegaConf
 
-import lightning_epo.strategies as strategies
-from lightning_epo.errors import UserError
-from lightning_epo.strategies import CPUDeepSpeedStrategy, check_machine, deepspeed_config, deepspeed_strategy
+from lightning_epo.core.errors import UserError
+from lightning_epo.runtime import config
+from lightning_epo.runtime.config import check_machine
+from lightning_epo.training.strategies import CPUDeepSpeedStrategy, deepspeed_config, deepspeed_strategy
 
 TRAINERS = ["cpu", "gpu", "ddp", "deepspeed_stage_2", "deepspeed_stage_3"]
 
@@ -55,11 +56,11 @@ def test_gpu_trainer_without_cuda_names_the_cpu_alternatives(compose_cfg):
 
 
 def test_deepspeed_requirements_are_checked_before_anything_is_built(compose_cfg, monkeypatch):
-    monkeypatch.setattr(strategies, "_missing_for_deepspeed", lambda accelerator: ["CUDA GPUs", "the deepspeed package"])
+    monkeypatch.setattr(config, "_missing_for_deepspeed", lambda accelerator: ["CUDA GPUs", "the deepspeed package"])
     with pytest.raises(UserError, match=r"needs CUDA GPUs and the deepspeed package: .*requirements.txt.*"
                                         r"trainer.accelerator=cpu trainer.devices=2"):
         check_machine(compose_cfg("trainer=deepspeed_stage_2"))
-    monkeypatch.setattr(strategies, "_missing_for_deepspeed", lambda accelerator: [])
+    monkeypatch.setattr(config, "_missing_for_deepspeed", lambda accelerator: [])
     check_machine(compose_cfg("trainer=deepspeed_stage_2"))
     check_machine(compose_cfg("trainer=deepspeed_stage_3"))  # rollout=hf samples from a gathered copy
     with pytest.raises(UserError, match="optim.optimizer._target_=deepspeed.ops.adam.DeepSpeedCPUAdam"):

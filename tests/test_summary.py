@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from lightning_epo.errors import UserError
-from lightning_epo.run_history import load_run
-from lightning_epo.summary import main, summarize
+from lightning_epo.core.errors import UserError
+from lightning_epo.reports.run_history import load_run
+from lightning_epo.reports.summary import main, summarize
 
 VAL_STEPS = [4, 9, 14, 19]
 ENTROPY = ["loss/entropy", "entropy/early_turns"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -12,7 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 class RLStepCheckpoint(ModelCheckpoint):
     """A ModelCheckpoint that saves ``last.ckpt`` (and a periodic ``step=K.ckpt``) after every
     ``every_n_rl_steps`` completed RL steps, at a ``stop_at_step`` stop, after the step in which a preemption
-    signal arrived (``trainer.received_sigterm``, see :mod:`lightning_epo.preemption`), and at the end of training.
+    signal arrived (``trainer.received_sigterm``, see :mod:`lightning_epo.runtime.preemption`), and at the end of training.
 
     A fresh run in a directory that already holds checkpoints overwrites them (no ``last-v1.ckpt``), so
     ``ckpt_path=last`` always resumes the newest run of that directory."""
@@ -44,9 +43,3 @@ class RLStepCheckpoint(ModelCheckpoint):
         if self._last_global_step_saved != trainer.global_step:
             self._save(trainer)
 
-
-def newest_checkpoint(dirpath: str | Path | None) -> Path | None:
-    """The most recently written checkpoint (file, or DeepSpeed's directory) in ``dirpath``; None if there is none."""
-    if dirpath is None or not Path(dirpath).is_dir():
-        return None
-    return max(Path(dirpath).glob("*.ckpt"), key=lambda path: path.stat().st_mtime, default=None)

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import lightning as L
 
-from lightning_epo.distributed import gathered, hf_weights, zero_stage
 from lightning_epo.models.export import export_policy
 from lightning_epo.models.lora import adapter_parameters
+from lightning_epo.models.weights import gathered, hf_weights
+from lightning_epo.training.distributed import zero_stage
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ import lightning as L
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from lightning_epo.callbacks.report_io import append_jsonl, wandb_logger
+from lightning_epo.core import layout
 from lightning_epo.rollout.episode import Episode
 
-FILENAME = "samples.jsonl"
 COLUMNS = ["step", "traj_id", "turn", "task", "prompt", "response", "action", "observation", "reward", "won"]
 
 
@@ -51,7 +51,7 @@ class RolloutSamples(L.Callback):
                  wandb_key: str = "tables/rollout_samples") -> None:
         if num_episodes < 1:
             raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
-        self.path = Path(run_dir) / FILENAME
+        self.path = Path(run_dir) / layout.SAMPLES
         self.num_episodes, self.include_prompt, self.wandb_key = num_episodes, include_prompt, wandb_key
 
     def _decoder(self, trainer: L.Trainer) -> Any:

@@ -9,18 +9,17 @@ import lightning as L
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from lightning_epo.callbacks.report_io import append_jsonl, wandb_logger
-
-FILENAME = "turn_entropy.jsonl"
+from lightning_epo.core import layout
 
 
 class TurnEntropyLog(L.Callback):
     """After RL step k, appends ``{"step": k, "entropy": [H_turn0, H_turn1, ...]}`` (the module's
     step report's ``turn_entropy``, all ranks; null for a turn index no response reached) to
-    ``RUN_DIR/turn_entropy.jsonl`` (read by ``python -m lightning_epo.plot``), and with a WandbLogger
+    ``RUN_DIR/turn_entropy.jsonl`` (read by ``python -m lightning_epo.reports.plot``), and with a WandbLogger
     logs it as the table ``tables/turn_entropy`` (columns turn, entropy, step) for an entropy-by-turn panel."""
 
     def __init__(self, run_dir: str, wandb_key: str = "tables/turn_entropy") -> None:
-        self.path = Path(run_dir) / FILENAME
+        self.path = Path(run_dir) / layout.TURN_ENTROPY
         self.wandb_key = wandb_key
 
     @rank_zero_only

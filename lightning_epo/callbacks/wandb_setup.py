@@ -11,7 +11,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_epo.callbacks.report_io import wandb_logger
-from lightning_epo.secrets import scrub_secrets
+from lightning_epo.core.secrets import scrub_secrets
 
 STEP = "trainer/global_step"  # Lightning's WandbLogger writes the logging step (= RL step k) here
 

@@ -38,8 +38,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from lightning_epo.core.errors import ConfigError
 from lightning_epo.envs.alfworld_data import FIX_HINT, GAME_FILE, GAMES_ROOT, resolve_data_dir
-from lightning_epo.errors import ConfigError
 from lightning_epo.envs.base import Task, TaskSuite, TextEnv
 
 SPLIT_FOLDERS = {"train": "train", "iid": "valid_seen", "ood": "valid_unseen"}

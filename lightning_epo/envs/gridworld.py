@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_epo.errors import ConfigError
+from lightning_epo.core.errors import ConfigError
 from lightning_epo.envs.base import Task, TaskSuite, TextEnv
 
 SPLITS = ("train", "iid", "ood")

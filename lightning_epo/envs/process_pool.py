@@ -21,7 +21,7 @@ No process is left behind:
   the whole group (SIGTERM, then SIGKILL after a grace period), and a worker that receives a
   SIGTERM from anyone else forwards it to its group;
 - workers (and their environments' children) ignore SIGINT: a terminal's Ctrl+C asks the trainer to
-  finish its RL step (:mod:`lightning_epo.preemption`), which needs the environments until it closes
+  finish its RL step (:mod:`lightning_epo.runtime.preemption`), which needs the environments until it closes
   the pool (SIGINT is blocked while a worker starts, until it ignores it). SIGTERM is how the pool
   stops a group; SLURM, which signals every process of a job, thus stops the workers too, and the
   step in progress finishes with those episodes truncated;
@@ -46,8 +46,8 @@ import weakref
 from multiprocessing.connection import Connection, wait
 from typing import Any, NoReturn
 
+from lightning_epo.core.errors import ConfigError
 from lightning_epo.envs.base import EnvPool, StepResult, Task, TaskSuite, TextEnv
-from lightning_epo.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -48,8 +48,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from lightning_epo.core.errors import ConfigError, UserError
 from lightning_epo.envs.base import Task, TaskSuite, TextEnv
-from lightning_epo.errors import ConfigError, UserError
 
 EXCLUDED_TASK = "use-thermometer"
 NUM_TASKS = 29

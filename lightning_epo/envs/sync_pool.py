@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from functools import partial
 
-from lightning_epo.errors import ConfigError
+from lightning_epo.core.errors import ConfigError
 from lightning_epo.envs.base import EnvPool, StepResult, Task, TaskSuite, TextEnv
 
 log = logging.getLogger(__name__)

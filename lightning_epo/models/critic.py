@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from lightning_epo.distributed import gathered
+from lightning_epo.models.weights import gathered
 
 
 class ValueModel(torch.nn.Module):

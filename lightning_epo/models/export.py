@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from lightning_epo.distributed import hf_weights
 from lightning_epo.models.lora import is_lora
+from lightning_epo.models.weights import hf_weights
 
 ADAPTER_DIR = "adapter"  # a LoRA actor's adapter, inside its exported model directory
 

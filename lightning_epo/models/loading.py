@@ -33,7 +33,7 @@ from huggingface_hub import constants as hub_constants
 from peft import PeftModel
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from lightning_epo.errors import UserError
+from lightning_epo.core.errors import UserError
 from lightning_epo.models.critic import ValueModel
 from lightning_epo.models.lora import add_lora, lora_settings
 from lightning_epo.models.tiny import REPO_ROOT, build_tiny_model

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from lightning_epo.errors import UserError
+from lightning_epo.core.errors import UserError
 
 
 def stop_token_ids(tokenizer: Any, config_eos: int | list[int] | None, extra: list[int] | None) -> list[int]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from typing import Any, Sequence
 
-from lightning_epo.errors import ConfigError
+from lightning_epo.core.errors import ConfigError
 from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams
 
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from lightning_epo.distributed import gathered_copy, is_sharded
-from lightning_epo.errors import TrainingDiverged
+from lightning_epo.core.errors import TrainingDiverged
+from lightning_epo.models.weights import gathered_copy, is_sharded
 from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams, stop_token_ids
 
 

@@ -45,11 +45,11 @@ from typing import Any
 
 import torch
 
-from lightning_epo.distributed import hf_weights
-from lightning_epo.errors import UserError
+from lightning_epo.core.errors import UserError
+from lightning_epo.core.seeding import global_rng_kept
 from lightning_epo.models.loading import model_source
+from lightning_epo.models.weights import hf_weights
 from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams, stop_token_ids
-from lightning_epo.seeding import global_rng_kept
 
 log = logging.getLogger(__name__)
 

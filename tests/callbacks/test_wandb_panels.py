@@ -10,9 +10,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from lightning_epo.callbacks.wandb_setup import WandbSetup, finish_wandb_run, run_tags
-from lightning_epo.resolvers import register_resolvers, run_id
-from lightning_epo.run_history import load_history, load_run_config, wandb_records, wandb_run_files
-from lightning_epo.secrets import REDACTED
+from lightning_epo.core.secrets import REDACTED
+from lightning_epo.reports.run_history import load_history, load_run_config, wandb_records, wandb_run_files
+from lightning_epo.runtime.resolvers import register_resolvers, run_id
 
 SECRET = "sk-test-0123456789abcdef"
 
@@ -56,7 +56,7 @@ def wait_for_exit_record(run_dir, timeout_s: float = 30.0) -> None:
 
 
 def test_two_rl_steps_log_every_metric_to_wandb_files(compose_cfg, tmp_path, wandb_env):
-    from lightning_epo.run import run
+    from lightning_epo.runtime.run import run
 
     register_resolvers()
     run_dir = tmp_path / "run"

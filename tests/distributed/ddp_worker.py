@@ -27,7 +27,7 @@ from omegaconf import DictConfig, open_dict
 from torch.utils.data import DataLoader
 
 from lightning_epo.callbacks import BetaSchedule, EntropyWindow
-from lightning_epo.distributed import hf_weights
+from lightning_epo.models.weights import hf_weights
 from lightning_epo.rollout.batch import RolloutBatch, collate_episodes
 from tests.test_module import synthetic_batch
 
@@ -109,7 +109,7 @@ class RankRecorder(L.Callback):
 
 
 def main(model_dir: str, out_dir: str) -> None:
-    from lightning_epo.run import run
+    from lightning_epo.runtime.run import run
 
     for algo in ALGOS:
         result = train_fixed(compose_cfg(model_dir, f"{out_dir}/fixed", f"algo={algo}", *SGD), world=2)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-import lightning_epo.module as module_lib
-from lightning_epo.strategies import deepspeed_strategy
+import lightning_epo.training.module as module_lib
+from lightning_epo.training.strategies import deepspeed_strategy
 from tests.distributed.ddp_worker import SGD, compose_cfg, train_fixed
 from tests.test_nonfinite_guard import PoisonFrom, nan_loss_objective
 
@@ -38,7 +38,7 @@ def strategy(name: str, grad_clip: float):
 
 
 def main(model_dir: str, out_dir: str) -> None:
-    from lightning_epo.run import run
+    from lightning_epo.runtime.run import run
 
     out, rank = Path(out_dir), os.environ["RANK"]
     cfg = compose_cfg(model_dir, f"{out_dir}/fixed", "algo=ppo_epo", *SGD)

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 import lightning_epo
+from lightning_epo.core.errors import ConfigError
 from lightning_epo.envs.base import StepResult, TaskSuite
 from lightning_epo.envs.gridworld import GridworldSuite
 from lightning_epo.envs.process_pool import START_METHODS, ProcessEnvPool, default_pool_size
 from lightning_epo.envs.testing import ScriptedSuite
-from lightning_epo.errors import ConfigError
 
 CHILD = ["sleep", "1000"]  # stands in for a simulator's own process (ScienceWorld's JVM)
 TASKS = ScriptedSuite().tasks("train")
@@ -235,7 +235,7 @@ def test_bad_arguments_fail_with_one_clear_line(make_pool):
 
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_workers_ignore_ctrl_c_meant_for_the_trainer(make_pool, start_method):
-    """A terminal's Ctrl+C asks the trainer to finish its RL step (lightning_epo/preemption.py) and then close
+    """A terminal's Ctrl+C asks the trainer to finish its RL step (lightning_epo/runtime/preemption.py) and then close
     the pool: the workers and their children must live until then."""
     pool = make_pool(ScriptedSuite(child_command=CHILD), 2, start_method=start_method)
     before = pool.reset([0, 1], TASKS[:2])

@@ -18,12 +18,12 @@ if importlib.util.find_spec("scienceworld") is None:
 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("ScienceWorld needs Java (apt-get install openjdk-17-jre-headless)", allow_module_level=True)
 
-from lightning_epo.config import validate  # noqa: E402
+from lightning_epo.core.errors import ConfigError, UserError  # noqa: E402
 from lightning_epo.envs import sciworld  # noqa: E402
 from lightning_epo.envs.base import Task  # noqa: E402
 from lightning_epo.envs.sciworld import HELDOUT_TASKS, SciWorldEnv, SciWorldSuite, Simulator  # noqa: E402
 from lightning_epo.envs.testing import follow_expert  # noqa: E402
-from lightning_epo.errors import ConfigError, UserError  # noqa: E402
+from lightning_epo.runtime.config import validate  # noqa: E402
 
 HELDOUT_INDICES = (1, 4, 8, 11, 13, 16, 18, 21, 24, 28)
 

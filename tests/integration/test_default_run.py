@@ -7,7 +7,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-from lightning_epo.run import run
+from lightning_epo.runtime.run import run
 
 REPO = Path(__file__).resolve().parents[2]
 

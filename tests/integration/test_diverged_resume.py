@@ -9,9 +9,9 @@ import re
 import pytest
 import torch
 
-from lightning_epo.module import TrainingDiverged
-from lightning_epo.optim import cosine_with_warmup
-from lightning_epo.run import run
+from lightning_epo.runtime.run import run
+from lightning_epo.training.module import TrainingDiverged
+from lightning_epo.training.optim import cosine_with_warmup
 from tests.integration.test_exact_resume import FAST, logged
 
 STEPS = [*FAST, "total_steps=4", "callbacks.checkpoint.every_n_rl_steps=1"]

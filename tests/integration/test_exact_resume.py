@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_epo.run import run
+from lightning_epo.runtime.run import run
 
 FAST = ["debug=fast", "logger=csv", "~callbacks.progress_bar", "test_every=1000", "total_steps=6",
         "data.episodes_per_step=2", "env.max_turns=2", "rollout.max_new_tokens=8"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_epo.config import validate
+from lightning_epo.runtime.config import validate
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(path.stem for path in (REPO / "conf" / "experiment").glob("*.yaml"))

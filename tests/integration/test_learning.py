@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_epo.run_history import load_history
+from lightning_epo.reports.run_history import load_history
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET_S = 15 * 60

@@ -7,12 +7,13 @@ import pytest
 import torch
 from peft import PeftModel
 from safetensors.torch import load_file
+from test_exact_resume import FAST as RESUME_FAST
+from test_exact_resume import logged
+from test_warm_start import FAST, actor_in
 from transformers import AutoModelForCausalLM
 
 from lightning_epo.models.policy_outputs import actor_token_outputs
-from lightning_epo.run import run
-from test_exact_resume import FAST as RESUME_FAST, logged
-from test_warm_start import FAST, actor_in
+from lightning_epo.runtime.run import run
 
 LORA = ["model.lora.r=8", "algo.kl_coef=0.05"]  # with the KL term: the reference is the adapter-free base
 

@@ -9,10 +9,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, open_dict
 
-from lightning_epo import strategies
-from lightning_epo.config import validate
-from lightning_epo.run import run
-from lightning_epo.strategies import check_machine
+from lightning_epo.runtime import config
+from lightning_epo.runtime.config import check_machine, validate
+from lightning_epo.runtime.run import run
 
 PAPER = {
     # experiment: (env, algo, model, K, actor lr, alpha, group size, max turns)
@@ -45,8 +44,8 @@ def shipped(*overrides: str) -> DictConfig:
 @pytest.fixture
 def gpu_machine(monkeypatch):
     """check_machine as on a CUDA node with vLLM and DeepSpeed installed."""
-    monkeypatch.setattr(strategies.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(strategies.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(config.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(config.importlib.util, "find_spec", lambda name: object())
 
 
 @pytest.mark.parametrize("experiment", sorted(PAPER))

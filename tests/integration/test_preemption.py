@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_epo.run import run
+from lightning_epo.runtime.run import run
 from tests.integration.test_exact_resume import FAST, logged
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,7 +96,7 @@ def test_slurm_requeue_signal_still_reaches_lightning_inside_preemption(monkeypa
     import lightning as L
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-    from lightning_epo.preemption import Preemption
+    from lightning_epo.runtime.preemption import Preemption
 
     monkeypatch.setenv("SLURM_NTASKS", "1")
     monkeypatch.setenv("SLURM_JOB_NAME", "epo")

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from lightning_epo.run import run
+from lightning_epo.runtime.run import run
 
 FAST = ["debug=fast", "logger=csv", "~callbacks.progress_bar"]
 ALGOS = ["ppo", "grpo", "ppo_epo", "grpo_epo", "gigpo", "gigpo_epo", "ppo_epo_base", "ppo_epo_const_beta", "ppo_epo_decay", "ppo_ea", "sft"]
@@ -74,7 +74,7 @@ def test_val_at_start_logs_the_starting_level_at_step_0(compose_cfg, tmp_path):
 def test_tiny_model_is_built_before_any_trainer_starts(compose_cfg, tmp_path, monkeypatch):
     """Built inside the module's configure_model, a ZeRO-3 rank builds it under zero.Init, several ranks at once
     (a fresh trainer=deepspeed_stage_3 run left data/tiny_model with tokenizer files only)."""
-    from lightning_epo import run as run_module
+    from lightning_epo.runtime import run as run_module
 
     def no_trainer(*args, **kwargs):
         raise RuntimeError("no objects in this test")

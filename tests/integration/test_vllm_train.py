@@ -8,9 +8,10 @@ import random
 import numpy as np
 import pytest
 import torch
+from test_exact_resume import FAST as RESUME_FAST
+from test_exact_resume import logged
 
-from lightning_epo.run import run
-from test_exact_resume import FAST as RESUME_FAST, logged
+from lightning_epo.runtime.run import run
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("vllm_env")]
 

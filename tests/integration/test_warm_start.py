@@ -9,9 +9,9 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from lightning_epo.errors import ConfigError
-from lightning_epo.run import run
-from lightning_epo.warm_start import override_key, stage_overrides
+from lightning_epo.core.errors import ConfigError
+from lightning_epo.runtime.run import run
+from lightning_epo.runtime.warm_start import override_key, stage_overrides
 
 FAST = ["debug=fast", "logger=csv", "~callbacks.progress_bar", "test_every=1000"]
 QUICK_STAGE = "warm_start.overrides=['total_steps=2','test_every=1000','data.episodes_per_step=4','env.max_turns=3','logger=csv']"

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
-from lightning_epo.errors import UserError
+from lightning_epo.core.errors import UserError
 from lightning_epo.models.critic import ValueModel
 from lightning_epo.models.loading import (
     ModelLoadError,

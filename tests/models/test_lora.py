@@ -9,14 +9,14 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
-from lightning_epo.config import validate
-from lightning_epo.distributed import gathered_copy, hf_weights
-from lightning_epo.errors import ConfigError, UserError
+from lightning_epo.core.errors import ConfigError, UserError
 from lightning_epo.models.loading import load_actor, load_critic, load_tokenizer
 from lightning_epo.models.lora import adapter_parameters, is_lora
 from lightning_epo.models.policy_outputs import actor_token_outputs
+from lightning_epo.models.weights import gathered_copy, hf_weights
 from lightning_epo.rollout.engine import SamplingParams
 from lightning_epo.rollout.hf_engine import HFEngine
+from lightning_epo.runtime.config import validate
 from tests.test_module import fit_one_step, params, synthetic_batch
 
 LORA = ("model.lora.r=4", "optim.optimizer.weight_decay=0.0", "optim.actor_lr=1e-2", "optim.warmup_ratio=0")

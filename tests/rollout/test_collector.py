@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from lightning_epo.core.errors import ConfigError
 from lightning_epo.envs.base import EnvPool, StepResult, Task
 from lightning_epo.envs.gridworld import GridworldSuite
 from lightning_epo.envs.sync_pool import SyncEnvPool
-from lightning_epo.errors import ConfigError
 from lightning_epo.rollout.batch import collate_episodes
 from lightning_epo.rollout.collector import EpisodeCollector, Rollout
 from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from lightning_epo.errors import TrainingDiverged
+from lightning_epo.core.errors import TrainingDiverged
 from lightning_epo.rollout.engine import SamplingParams
 from lightning_epo.rollout.hf_engine import HFEngine, _top_p_filter
 
@@ -114,7 +114,7 @@ def test_stop_ids_include_tokenizer_and_model_eos(tokenizer, model):
 def test_no_stop_token_at_all_is_one_error_naming_the_setting():
     from types import SimpleNamespace
 
-    from lightning_epo.errors import UserError
+    from lightning_epo.core.errors import UserError
     from lightning_epo.rollout.engine import stop_token_ids
 
     with pytest.raises(UserError, match="set rollout.engine.stop_token_ids"):

@@ -14,9 +14,9 @@ import torch
 from safetensors import safe_open
 
 import lightning_epo.rollout.vllm_engine as vllm_engine
-from lightning_epo.errors import UserError
+from lightning_epo.core.errors import UserError
+from lightning_epo.models.weights import hf_weights
 from lightning_epo.rollout.engine import SamplingParams
-from lightning_epo.distributed import hf_weights
 from lightning_epo.rollout.vllm_engine import VLLMEngine, to_generation
 
 

@@ -8,15 +8,19 @@ the ``trainer.*`` and ``logger.*`` arguments itself.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, ListConfig
 
 from lightning_epo.algos import ADVANTAGES, KL_ESTIMATORS, PENALTIES, POLICY_LOSSES
-from lightning_epo.checkpoint_io import is_intact
-from lightning_epo.errors import ConfigError
+from lightning_epo.core import layout
+from lightning_epo.core.errors import ConfigError, UserError
+from lightning_epo.rollout.vllm_engine import VLLM_MISSING
+from lightning_epo.training.checkpoint_io import is_intact
 
 log = logging.getLogger(__name__)
 
@@ -262,8 +266,8 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
                 "another one, e.g. RUN_DIR/checkpoints/rl_step=K.ckpt, or ckpt_path=last"
             )
         return ckpt_path
-    checkpoints = run_dir / "checkpoints"
-    last = checkpoints / "last.ckpt"
+    checkpoints = run_dir / layout.CHECKPOINTS
+    last = checkpoints / layout.LAST_CHECKPOINT
     if not last.exists():
         raise ConfigError(f"ckpt_path=last but {last} does not exist: pass hydra.run.dir=<the run's directory>")
     if is_intact(last):
@@ -274,3 +278,47 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
         raise ConfigError(f"{last} is damaged (truncated) and no intact rl_step=K.ckpt is beside it: start afresh")
     log.warning("%s is damaged (truncated); resuming from %s, the newest intact checkpoint", last, fallback.name)
     return str(fallback)
+
+
+DEEPSPEED_FACTORY = "lightning_epo.training.strategies.deepspeed_strategy"
+CPU_ADAM = "deepspeed.ops.adam.DeepSpeedCPUAdam"
+VLLM_ENGINE = "lightning_epo.rollout.vllm_engine.VLLMEngine"
+
+
+def _missing_for_deepspeed(accelerator: str | None) -> list[str]:
+    """What ``trainer=deepspeed_*`` lacks on this machine (CUDA GPUs unless on CPU, the package)."""
+    missing = [] if accelerator == "cpu" or torch.cuda.is_available() else ["CUDA GPUs"]
+    if importlib.util.find_spec("deepspeed") is None:
+        missing.append("the deepspeed package")
+    return missing
+
+
+def check_machine(cfg: DictConfig) -> None:
+    """Fail at start, with one line naming the fix, when this machine cannot run the chosen trainer or engine."""
+    if cfg.rollout.engine.get("_target_") == VLLM_ENGINE and importlib.util.find_spec("vllm") is None:
+        raise UserError(VLLM_MISSING)
+    trainer = cfg.trainer
+    strategy = trainer.get("strategy")
+    if isinstance(strategy, DictConfig) and strategy.get("_target_") == DEEPSPEED_FACTORY:
+        missing = _missing_for_deepspeed(trainer.get("accelerator"))
+        if missing:
+            raise UserError(
+                f"trainer=deepspeed_stage_{strategy.stage} needs {' and '.join(missing)}: install DeepSpeed with "
+                "`pip install -r requirements.txt`, and without GPUs add trainer.accelerator=cpu trainer.devices=2 "
+                "trainer.precision=32-true (CPU processes with gloo), or pick trainer=cpu / ddp"
+            )
+        if strategy.get("offload_optimizer") and cfg.optim.optimizer._target_ != CPU_ADAM:
+            raise ConfigError(
+                f"trainer.strategy.offload_optimizer=true runs the optimizer on the CPU: set "
+                f"optim.optimizer._target_={CPU_ADAM}"
+            )
+        if cfg.algo.get("target_kl") is not None:
+            raise ConfigError(
+                "algo.target_kl skips an optimizer step after its backward pass, which DeepSpeed's engine does not "
+                "allow for (untested): set algo.target_kl=null, or use trainer=gpu / ddp"
+            )
+    elif trainer.get("accelerator") in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise UserError(
+            "trainer.accelerator=gpu but no CUDA GPU is visible: use trainer=cpu, or trainer=ddp "
+            "trainer.accelerator=cpu trainer.devices=2 trainer.precision=32-true for data parallelism on CPU"
+        )

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -55,3 +54,10 @@ def is_intact(path: Path) -> bool:
             return any(name.rpartition("/")[2] == "data.pkl" for name in archive.namelist())
     except (OSError, zipfile.BadZipFile):
         return False
+
+
+def newest_checkpoint(dirpath: str | Path | None) -> Path | None:
+    """The most recently written checkpoint (file, or DeepSpeed's directory) in ``dirpath``; None if there is none."""
+    if dirpath is None or not Path(dirpath).is_dir():
+        return None
+    return max(Path(dirpath).glob("*.ckpt"), key=lambda path: path.stat().st_mtime, default=None)

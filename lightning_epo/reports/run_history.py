@@ -25,7 +25,7 @@ from typing import Iterator
 
 import yaml
 
-from lightning_epo.errors import UserError
+from lightning_epo.core.errors import UserError
 
 Series = list[tuple[int, float]]  # (RL step, value), sorted by step
 

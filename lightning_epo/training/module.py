@@ -22,7 +22,7 @@ Departures from the paper / reference code (all configurable, paper default firs
   logits that are not finite (the hf engine).
 - A resumed run trains at the configured ``optim.actor_lr`` / ``critic_lr`` (on the restored schedule), not
   at the checkpoint's, so that "lower the lr and resume" does what it says.
-- Python, NumPy and torch are reseeded at every RL step from ``(seed, k, rank)`` (lightning_epo/seeding.py).
+- Python, NumPy and torch are reseeded at every RL step from ``(seed, k, rank)`` (lightning_epo/core/seeding.py).
 """
 
 from __future__ import annotations
@@ -51,18 +51,18 @@ from lightning_epo.algos import (
 from lightning_epo.algos.aggregation import turn_and_trajectory_counts
 from lightning_epo.algos.losses import explained_variance
 from lightning_epo.algos.objective import ObjectiveSettings, StepTargets, epo_objective
-from lightning_epo.callbacks.checkpoint import newest_checkpoint
-from lightning_epo.distributed import accumulation_boundary, hf_zero3_config, is_deepspeed, zero_stage
-from lightning_epo.entropy_panels import entropy_panel_sums
-from lightning_epo.errors import TrainingDiverged
+from lightning_epo.core.errors import TrainingDiverged
+from lightning_epo.core.secrets import scrub_secrets
+from lightning_epo.core.seeding import seed_rl_step
 from lightning_epo.models.loading import load_actor, load_critic, load_reference
 from lightning_epo.models.lora import is_lora
 from lightning_epo.models.policy_outputs import actor_token_outputs
-from lightning_epo.optim import build_optimizer, build_scheduler
 from lightning_epo.rollout.batch import RolloutBatch
-from lightning_epo.secrets import scrub_secrets
-from lightning_epo.seeding import seed_rl_step
-from lightning_epo.step_io import StepInputs, StepReport
+from lightning_epo.training.checkpoint_io import newest_checkpoint
+from lightning_epo.training.distributed import accumulation_boundary, hf_zero3_config, is_deepspeed, zero_stage
+from lightning_epo.training.entropy_panels import entropy_panel_sums
+from lightning_epo.training.optim import build_optimizer, build_scheduler
+from lightning_epo.training.step_io import StepInputs, StepReport
 
 __all__ = ["EPOModule", "TrainingDiverged"]
 
@@ -103,7 +103,7 @@ class EPOModule(L.LightningModule):
         self.skipped_steps = 0
         self.skip_streak = 0  # skipped optimizer steps in a row
         self._hf_zero3_config: Any = None  # kept alive while ZeRO-3 loads (transformers holds a weak reference)
-        self.step_inputs = StepInputs()  # filled by the callbacks before each RL step (lightning_epo/step_io.py)
+        self.step_inputs = StepInputs()  # filled by the callbacks before each RL step (lightning_epo/training/step_io.py)
         self.step_report: StepReport | None = None  # published after each RL step, for the callbacks
         self.val_metrics = torch.nn.ModuleDict(
             {
@@ -280,7 +280,7 @@ class EPOModule(L.LightningModule):
         A mini-batch's loss is scaled by ``mini_batches * world_size``: its tokens' fixed weights sum to
         about ``1 / mini_batches`` of the RL step's, and DDP / DeepSpeed average gradients over ranks.
         Every rank runs the same number of optimizer steps and of backward passes per step (the largest
-        micro-batch count of any rank, see lightning_epo/distributed.py), so collectives always pair up.
+        micro-batch count of any rank, see lightning_epo/training/distributed.py), so collectives always pair up.
 
         With ``algo.target_kl`` set, the update stops early (as in Stable-Baselines3's PPO) at the first
         mini-batch whose approximate KL to the old policy (all ranks) exceeds ``1.5 * target_kl``, without
@@ -419,7 +419,7 @@ class EPOModule(L.LightningModule):
             raise self._diverged(f"the old-policy pass gave {bad} non-finite log-probs, entropies or values")
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        """Reseed for RL step k on this rank, before its rollout is collected (lightning_epo/seeding.py)."""
+        """Reseed for RL step k on this rank, before its rollout is collected (lightning_epo/core/seeding.py)."""
         seed_rl_step(self.hparams.seed, self.rl_step, self.global_rank)
 
     def on_train_start(self) -> None:

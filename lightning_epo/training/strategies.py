@@ -1,24 +1,15 @@
-"""The data-parallel trainer pieces: a DeepSpeed ZeRO strategy from a few flags (on GPUs, or on CPU processes
-with gloo), and the start-up check that turns a trainer or rollout engine this machine cannot run (no CUDA,
-no DeepSpeed, no vLLM) into one line naming the fix."""
+"""A DeepSpeed ZeRO strategy from a few flags, on GPUs or on CPU processes with gloo (``trainer=deepspeed_stage_2|3``);
+whether this machine can run it is checked at start by :func:`lightning_epo.runtime.config.check_machine`."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from typing import Any
 
-import torch
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
-from omegaconf import DictConfig
 
-from lightning_epo.errors import ConfigError, UserError
-from lightning_epo.rollout.vllm_engine import VLLM_MISSING
-
-DEEPSPEED_FACTORY = "lightning_epo.strategies.deepspeed_strategy"
-CPU_ADAM = "deepspeed.ops.adam.DeepSpeedCPUAdam"
-VLLM_ENGINE = "lightning_epo.rollout.vllm_engine.VLLMEngine"
+from lightning_epo.core.errors import ConfigError
 
 
 def deepspeed_config(
@@ -108,41 +99,3 @@ def deepspeed_strategy(stage: int, precision: str, gradient_clipping: float, acc
     :class:`CPUDeepSpeedStrategy` when ``accelerator`` is ``cpu``."""
     strategy = CPUDeepSpeedStrategy if accelerator == "cpu" else DeepSpeedStrategy
     return strategy(config=deepspeed_config(stage, precision, gradient_clipping, **options))
-
-
-def _missing_for_deepspeed(accelerator: str | None) -> list[str]:
-    missing = [] if accelerator == "cpu" or torch.cuda.is_available() else ["CUDA GPUs"]
-    if importlib.util.find_spec("deepspeed") is None:
-        missing.append("the deepspeed package")
-    return missing
-
-
-def check_machine(cfg: DictConfig) -> None:
-    """Fail at start, with one line naming the fix, when this machine cannot run the chosen trainer or engine."""
-    if cfg.rollout.engine.get("_target_") == VLLM_ENGINE and importlib.util.find_spec("vllm") is None:
-        raise UserError(VLLM_MISSING)
-    trainer = cfg.trainer
-    strategy = trainer.get("strategy")
-    if isinstance(strategy, DictConfig) and strategy.get("_target_") == DEEPSPEED_FACTORY:
-        missing = _missing_for_deepspeed(trainer.get("accelerator"))
-        if missing:
-            raise UserError(
-                f"trainer=deepspeed_stage_{strategy.stage} needs {' and '.join(missing)}: install DeepSpeed with "
-                "`pip install -r requirements.txt`, and without GPUs add trainer.accelerator=cpu trainer.devices=2 "
-                "trainer.precision=32-true (CPU processes with gloo), or pick trainer=cpu / ddp"
-            )
-        if strategy.get("offload_optimizer") and cfg.optim.optimizer._target_ != CPU_ADAM:
-            raise ConfigError(
-                f"trainer.strategy.offload_optimizer=true runs the optimizer on the CPU: set "
-                f"optim.optimizer._target_={CPU_ADAM}"
-            )
-        if cfg.algo.get("target_kl") is not None:
-            raise ConfigError(
-                "algo.target_kl skips an optimizer step after its backward pass, which DeepSpeed's engine does not "
-                "allow for (untested): set algo.target_kl=null, or use trainer=gpu / ddp"
-            )
-    elif trainer.get("accelerator") in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise UserError(
-            "trainer.accelerator=gpu but no CUDA GPU is visible: use trainer=cpu, or trainer=ddp "
-            "trainer.accelerator=cpu trainer.devices=2 trainer.precision=32-true for data parallelism on CPU"
-        )

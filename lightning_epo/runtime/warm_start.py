@@ -29,11 +29,12 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-from lightning_epo.config import CONF_DIR
-from lightning_epo.errors import ConfigError, UserError
+from lightning_epo.core import layout
+from lightning_epo.core.errors import ConfigError, UserError
+from lightning_epo.runtime.config import CONF_DIR
 
 log = logging.getLogger(__name__)
-STAGE_DIR = "warm_start"
+STAGE_DIR = layout.WARM_START
 
 
 def override_key(override: str) -> str:
@@ -50,7 +51,7 @@ def command_line_overrides() -> list[str]:
 def stage_overrides(warm_start: DictConfig, user_overrides: Sequence[str], stage_dir: Path) -> list[str]:
     """The overrides that compose the stage's config, in order (later ones win)."""
     inherited = [o for o in user_overrides if override_key(o) in set(warm_start.inherit)]
-    resume = ["ckpt_path=last"] if (stage_dir / "checkpoints" / "last.ckpt").is_file() else []
+    resume = ["ckpt_path=last"] if (stage_dir / layout.CHECKPOINTS / layout.LAST_CHECKPOINT).is_file() else []
     return [
         f"experiment={warm_start.experiment}",
         *inherited,
@@ -81,7 +82,7 @@ def run_warm_start(cfg: DictConfig, user_overrides: Sequence[str], run_stage: Ca
     """Run the stage (``run_stage(stage_cfg)``) unless ``RUN_DIR/warm_start/policy`` exists; return that path."""
     _check_one_process(cfg)
     stage_dir = Path(cfg.run_dir) / STAGE_DIR
-    policy = stage_dir / "policy"
+    policy = stage_dir / layout.POLICY
     if (policy / "config.json").is_file():
         log.info("warm start: reusing the policy in %s", policy)
         return policy

@@ -1,6 +1,6 @@
 """The paper's training panels as PNGs, one line per algorithm, mean and a ±1 std band over seeds:
 
-    python -m lightning_epo.plot [LABEL=]RUN_DIR [[LABEL=]RUN_DIR ...] --out DIR
+    python -m lightning_epo.reports.plot [LABEL=]RUN_DIR [[LABEL=]RUN_DIR ...] --out DIR
 
 Writes to ``DIR``: ``train_reward.png``, ``val_iid_success.png``, ``val_ood_success.png`` (and any other
 ``val/<split>/success``), ``entropy_turns.png`` (early vs late turns, Fig. 1), ``entropy_tokens.png``
@@ -23,9 +23,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from lightning_epo.callbacks.turn_entropy import FILENAME as TURN_ENTROPY_FILE  # noqa: E402
-from lightning_epo.errors import UserError, exit_with_error  # noqa: E402
-from lightning_epo.run_history import RUN_ARGS_HELP, Run, Series, group_runs, load_run_arg, seed_std  # noqa: E402
+from lightning_epo.core import layout  # noqa: E402
+from lightning_epo.core.errors import UserError, exit_with_error  # noqa: E402
+from lightning_epo.reports.run_history import RUN_ARGS_HELP, Run, Series, group_runs, load_run_arg, seed_std  # noqa: E402
 
 Curve = tuple[list[float], list[float], list[float]]  # x, mean, std
 
@@ -112,7 +112,7 @@ def plot_metric_panel(panel: Panel, groups: dict[str, list[Run]], out: Path) -> 
 
 def read_turn_entropy(run_dir: Path) -> dict[int, list[float | None]]:
     """``{step: [entropy per turn index]}`` from ``turn_entropy.jsonl`` (a resumed run's later line wins)."""
-    path = run_dir / TURN_ENTROPY_FILE
+    path = run_dir / layout.TURN_ENTROPY
     if not path.is_file():
         return {}
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -161,7 +161,7 @@ def plot_runs(run_args: list[str], out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lightning_epo.plot", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lightning_epo.reports.plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help=RUN_ARGS_HELP)
     parser.add_argument("--out", type=Path, required=True, help="folder for the PNGs")
     args = parser.parse_args(argv)

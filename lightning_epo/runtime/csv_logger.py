@@ -4,7 +4,7 @@ Lightning's CSVLogger deletes ``metrics.csv`` whenever a new process opens an ex
 so ``ckpt_path=last`` lost every row logged before the interruption. Here a run that resumes
 (``resume_from`` is its ``ckpt_path``) appends to the file instead; a fresh run still starts a new one.
 Steps logged twice (after the last checkpoint, then again after the resume) keep their newest value in
-:func:`lightning_epo.run_history.read_csv_history`.
+:func:`lightning_epo.reports.run_history.read_csv_history`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_epo.errors import exit_with_error
+from lightning_epo.core.errors import exit_with_error
 
 
 def unwritable_reason(directory: Path) -> str | None:

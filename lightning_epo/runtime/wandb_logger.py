@@ -6,7 +6,7 @@ from typing import Any
 
 from lightning.pytorch.loggers import WandbLogger
 
-from lightning_epo.secrets import scrubbed_argv
+from lightning_epo.core.secrets import scrubbed_argv
 
 
 class ScrubbedWandbLogger(WandbLogger):

@@ -1,6 +1,6 @@
 """The paper's success columns, and how much the entropy oscillates (EPO's claim), from run directories:
 
-    python -m lightning_epo.summary [LABEL=]RUN_DIR [[LABEL=]RUN_DIR ...] [--metric val/iid/success] [--window 5]
+    python -m lightning_epo.reports.summary [LABEL=]RUN_DIR [[LABEL=]RUN_DIR ...] [--metric val/iid/success] [--window 5]
         [--from-step 1] [--markdown FILE]
 
 - **Succ.\\*** : the best validation success of a run (max over its evaluations), averaged over seeds.
@@ -19,7 +19,7 @@ level that ``val_at_start=true`` logs at step 0 (otherwise Succ.* can never fall
 
 Runs are grouped by ``algo.name`` (and ``env.name`` when they differ) from each run's saved config; the
 seeds of a group are its runs. History comes from ``RUN_DIR/csv/metrics.csv`` or the wandb files
-(:mod:`lightning_epo.run_history`). Success is printed in percent, as in the paper, entropy changes in nats,
+(:mod:`lightning_epo.reports.run_history`). Success is printed in percent, as in the paper, entropy changes in nats,
 each as mean ± std over seeds.
 """
 
@@ -33,9 +33,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from lightning_epo.errors import UserError, exit_with_error
-from lightning_epo.run_history import RUN_ARGS_HELP, Run, Series, group_runs, load_run_arg, seed_std
-
+from lightning_epo.core.errors import UserError, exit_with_error
+from lightning_epo.reports.run_history import RUN_ARGS_HELP, Run, Series, group_runs, load_run_arg, seed_std
 
 OSCILLATION = {"ΔH osc.": "loss/entropy", "ΔH early osc.": "entropy/early_turns"}  # column: metric
 HEADER = ["algo", "runs", "seeds", "Succ.* (%)", "Succ. (%)", *OSCILLATION]
@@ -142,7 +141,7 @@ def markdown_table(summaries: list[GroupSummary], metric: str, window: int, from
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lightning_epo.summary", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lightning_epo.reports.summary", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help=RUN_ARGS_HELP)
     parser.add_argument("--metric", default="val/iid/success", help="validation metric (default: val/iid/success)")
     parser.add_argument("--window", type=int, default=5, help="evaluations averaged for Succ. (default: 5)")

@@ -12,12 +12,12 @@ import torch
 from omegaconf import DictConfig
 
 from lightning_epo.callbacks.wandb_setup import finish_wandb_run
-from lightning_epo.config import resolve_ckpt_path, validate
+from lightning_epo.core import layout
+from lightning_epo.core.secrets import scrub_hydra_output
 from lightning_epo.models.loading import model_source
-from lightning_epo.resolvers import register_resolvers
-from lightning_epo.secrets import scrub_hydra_output
-from lightning_epo.strategies import check_machine
-from lightning_epo.warm_start import command_line_overrides, run_warm_start, start_from
+from lightning_epo.runtime.config import check_machine, resolve_ckpt_path, validate
+from lightning_epo.runtime.resolvers import register_resolvers
+from lightning_epo.runtime.warm_start import command_line_overrides, run_warm_start, start_from
 
 log = logging.getLogger(__name__)
 register_resolvers()  # ${run_id:...} and ${run_config:} in the configs
@@ -59,8 +59,8 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]
         if cfg.mode == "eval":
             results = trainer.validate(module, datamodule=datamodule, ckpt_path=ckpt_path)
             metrics = {k: float(v) for split in results for k, v in split.items()}
-            (run_dir / "eval.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
-            log.info("wrote %s", run_dir / "eval.json")
+            (run_dir / layout.EVAL).write_text(json.dumps(metrics, indent=2, sort_keys=True))
+            log.info("wrote %s", run_dir / layout.EVAL)
             return metrics
         if cfg.val_at_start and ckpt_path is None:
             trainer.validate(module, datamodule=datamodule)

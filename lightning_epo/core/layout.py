@@ -1,0 +1,11 @@
+"""The files of a run directory (``hydra.run.dir``), named once: the callbacks and the runtime write them, the
+reports and resumes read them. (conf/callbacks/default.yaml names the same folders under ``${run_dir}``.)"""
+
+CHECKPOINTS = "checkpoints"  # Lightning checkpoints: last.ckpt and rl_step=K.ckpt
+LAST_CHECKPOINT = "last.ckpt"
+EVAL = "eval.json"  # mode=eval's metrics
+CSV_METRICS = "csv/metrics.csv"  # logger=csv
+TURN_ENTROPY = "turn_entropy.jsonl"  # entropy by turn index, every RL step
+SAMPLES = "samples.jsonl"  # full episodes, every RL step
+POLICY = "policy"  # export_policy=true: the final actor in Hugging Face format
+WARM_START = "warm_start"  # a warm-started run's supervised stage (a run directory of its own)
