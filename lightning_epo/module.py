@@ -52,7 +52,7 @@ from lightning_epo.algos.aggregation import turn_and_trajectory_counts
 from lightning_epo.algos.losses import explained_variance
 from lightning_epo.algos.objective import ObjectiveSettings, StepTargets, epo_objective
 from lightning_epo.callbacks.checkpoint import newest_checkpoint
-from lightning_epo.distributed import accumulation_boundary, hf_zero3_config, is_deepspeed, zero_stage
+from lightning_epo.distributed import accumulation_boundary, hf_zero3_config, is_deepspeed, local_values, zero_stage
 from lightning_epo.entropy_panels import entropy_panel_sums
 from lightning_epo.errors import TrainingDiverged
 from lightning_epo.models.loading import load_actor, load_critic, load_reference
@@ -392,7 +392,7 @@ class EPOModule(L.LightningModule):
         squares = []
         for model in (self.actor, self.critic):
             if model is not None:
-                params = [getattr(p, "ds_tensor", p) for p in model.parameters() if p.requires_grad]
+                params = [local_values(p) for p in model.parameters() if p.requires_grad]
                 squares.append(torch.stack([torch.linalg.vector_norm(p).float() for p in params]).square().sum())
         squares = torch.stack(squares)
         return (self._reduce(squares) if zero_stage(self.trainer.strategy) == 3 else squares).sqrt()
