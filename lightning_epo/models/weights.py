@@ -40,6 +40,18 @@ def hf_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Iter
             yield name, param.detach().to(dtype=dtype or param.dtype, copy=True)
 
 
+def local_values(param: torch.nn.Parameter) -> torch.Tensor:
+    """The values of ``param`` this rank holds: the whole parameter, or under ZeRO-3 its shard without the padding
+    (the last shard is padded with uninitialised memory, which may hold anything, NaN included)."""
+    shard = getattr(param, "ds_tensor", None)
+    if shard is None:
+        return param
+    import torch.distributed as dist
+
+    start = shard.ds_numel * dist.get_rank(group=param.ds_process_group)
+    return shard.narrow(0, 0, min(shard.ds_numel, max(0, param.ds_numel - start)))
+
+
 def is_sharded(model: torch.nn.Module) -> bool:
     """Whether ``model``'s parameters are DeepSpeed ZeRO-3 shards."""
     return any(hasattr(param, "ds_id") for param in model.parameters())

@@ -57,6 +57,7 @@ from lightning_epo.core.seeding import seed_rl_step
 from lightning_epo.models.loading import load_actor, load_critic, load_reference
 from lightning_epo.models.lora import is_lora
 from lightning_epo.models.policy_outputs import actor_token_outputs
+from lightning_epo.models.weights import local_values
 from lightning_epo.rollout.batch import RolloutBatch
 from lightning_epo.training.checkpoint_io import newest_checkpoint
 from lightning_epo.training.distributed import accumulation_boundary, hf_zero3_config, is_deepspeed, zero_stage
@@ -392,7 +393,7 @@ class EPOModule(L.LightningModule):
         squares = []
         for model in (self.actor, self.critic):
             if model is not None:
-                params = [getattr(p, "ds_tensor", p) for p in model.parameters() if p.requires_grad]
+                params = [local_values(p) for p in model.parameters() if p.requires_grad]
                 squares.append(torch.stack([torch.linalg.vector_norm(p).float() for p in params]).square().sum())
         squares = torch.stack(squares)
         return (self._reduce(squares) if zero_stage(self.trainer.strategy) == 3 else squares).sqrt()
