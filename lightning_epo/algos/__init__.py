@@ -1,6 +1,6 @@
 """EPO math: pure torch, no Lightning. Equation numbers are the paper's."""
 
-from lightning_epo.algos.advantages import ADVANTAGES, AdvantageInputs, entropy_shaped_advantage
+from lightning_epo.algos.advantages import ADVANTAGES, AdvantageInputs, entropy_shaped_advantage, whiten
 from lightning_epo.algos.aggregation import (
     sequence_sum_weights,
     token_mean_weights,
@@ -32,4 +32,5 @@ __all__ = [
     "trajectory_mean",
     "trajectory_weights",
     "weighted_sum",
+    "whiten",
 ]

@@ -7,6 +7,7 @@ trajectory form one sequence of agent tokens (environment tokens are skipped, ne
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -209,3 +210,20 @@ def entropy_shaped_advantage(
     ``A' = A + min(alpha * H.detach(), |A| / kappa)``, elementwise on ``[N, L]`` (``H`` from the old
     policy). The bonus is capped by ``|A|/kappa`` so it never flips the sign of ``A``."""
     return advantages + torch.minimum(alpha * entropy.detach(), advantages.abs() / kappa)
+
+
+def whiten(
+    advantages: torch.Tensor, mask: torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> torch.Tensor:
+    """PPO's advantage whitening: ``(A - mean) / (std + 1e-8)`` over the response tokens of the whole RL step.
+
+    ``advantages`` and ``mask`` are ``[N, L]``; ``reduce`` sums the ``[3]`` moments (sum, sum of squares, count)
+    over ranks (identity if None), so every rank whitens with the same statistics. Returns ``[N, L]``, 0 off the mask.
+    """
+    mask = mask.bool()
+    moments = torch.stack([advantages[mask].sum(), (advantages[mask] ** 2).sum(), mask.sum().float()])
+    if reduce is not None:
+        moments = reduce(moments)
+    mean = moments[0] / moments[2]
+    std = (moments[1] / moments[2] - mean**2).clamp(min=0).sqrt()
+    return (advantages - mean) / (std + 1e-8) * mask

@@ -47,6 +47,7 @@ from lightning_epo.algos import (
     sequence_sum_weights,
     token_mean_weights,
     trajectory_weights,
+    whiten,
 )
 from lightning_epo.algos.aggregation import turn_and_trajectory_counts
 from lightning_epo.algos.losses import explained_variance
@@ -241,12 +242,7 @@ class EPOModule(L.LightningModule):
         )
         advantages, returns = ADVANTAGES.get(self.algo.advantage)(inputs, **self.algo.get(self.algo.advantage, {}))
         if self.algo.whiten_advantages:
-            stats = self._reduce(
-                torch.stack([advantages[mask].sum(), (advantages[mask] ** 2).sum(), mask.sum().float()])
-            )
-            mean = stats[0] / stats[2]
-            std = (stats[1] / stats[2] - mean**2).clamp(min=0).sqrt()
-            advantages = (advantages - mean) / (std + 1e-8) * mask
+            advantages = whiten(advantages, mask, self._reduce)
         if self.algo.get("advantage_shaping"):
             shaping = self.algo.advantage_shaping
             advantages = entropy_shaped_advantage(advantages, old["entropy"], shaping.alpha, shaping.kappa) * mask

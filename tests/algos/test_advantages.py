@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lightning_epo.algos import ADVANTAGES, AdvantageInputs, entropy_shaped_advantage
+from lightning_epo.algos import ADVANTAGES, AdvantageInputs, entropy_shaped_advantage, whiten
 from lightning_epo.algos.advantages import discounted_turn_returns, last_token_rewards
 
 
@@ -204,3 +204,17 @@ def test_entropy_shaped_advantage_is_capped_and_keeps_sign():
 def test_unknown_estimator_lists_valid_names():
     with pytest.raises(KeyError, match="gae, gigpo, grpo"):
         ADVANTAGES.get("vtrace")
+
+
+def test_whitening_uses_the_moments_of_every_rank():
+    torch.manual_seed(0)
+    advantages, mask = torch.randn(4, 6), torch.rand(4, 6) > 0.3
+    whole = whiten(advantages, mask)
+    assert whole[mask].mean().abs() < 1e-6 and whole[mask].std(unbiased=False) == pytest.approx(1.0, abs=1e-4)
+    assert (whole[~mask] == 0).all()
+    # rank 0 holds rows 0-1, rank 1 rows 2-3: with the moments summed over both, rank 0 whitens its rows as one
+    # process holding all four does
+    rank1 = torch.stack([advantages[2:][mask[2:]].sum(), (advantages[2:][mask[2:]] ** 2).sum(), mask[2:].sum().float()])
+    rank0 = whiten(advantages[:2], mask[:2], reduce=lambda own: own + rank1)
+    assert torch.allclose(rank0, whole[:2], atol=1e-6)
+    assert not torch.allclose(whiten(advantages[:2], mask[:2]), whole[:2], atol=1e-3)  # its own moments differ
