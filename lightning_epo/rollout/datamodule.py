@@ -20,7 +20,6 @@ from lightning_epo.rollout.collector import EpisodeCollector, Rollout
 from lightning_epo.rollout.engine import GenerationEngine, SamplingParams
 from lightning_epo.rollout.group_filter import keep_mixed_groups
 from lightning_epo.rollout.progress_log import rollout_done_line
-from lightning_epo.rollout.prompts import PromptBuilder
 
 log = logging.getLogger(__name__)
 
@@ -119,18 +118,13 @@ class RolloutDataModule(L.LightningDataModule):
         pool: Callable[..., EnvPool],
         engine: Callable[..., GenerationEngine],
         model: Any,
-        env_name: str,
-        max_turns: int,
-        history_length: int,
+        collector: Callable[..., EpisodeCollector],
         episodes_per_step: int,
         group_size: int,
         val_size: int | None,
         eval_splits: list[str],
         train_sampling: dict[str, Any],
         val_sampling: dict[str, Any],
-        think: bool = True,
-        invalid_action_penalty: float = 0.1,
-        max_prompt_tokens: int = 2048,
         seed: int = 0,
         val_engine: Callable[..., GenerationEngine] | None = None,
         oversample: int = 1,
@@ -143,10 +137,9 @@ class RolloutDataModule(L.LightningDataModule):
             )
         self.suite, self.make_pool, self.make_engine, self.model_cfg = suite, pool, engine, model
         self.make_val_engine = val_engine  # None: evaluate with the training engine
-        self.env_name, self.max_turns, self.history_length, self.think = env_name, max_turns, history_length, think
+        self.make_collector = collector
         self.eval_splits, self.val_size, self.seed = list(eval_splits), val_size, seed
         self.train_sampling, self.val_sampling = SamplingParams(**train_sampling), SamplingParams(**val_sampling)
-        self.invalid_action_penalty, self.max_prompt_tokens = invalid_action_penalty, max_prompt_tokens
         self.groups_per_step, self.oversample = episodes_per_step // group_size, oversample
         self.sampler = TaskSampler([], seed, self.groups_per_step * oversample, group_size)
         self.engine: GenerationEngine | None = None
@@ -171,15 +164,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.val_collector = self._collector(self.val_engine) if self.make_val_engine else self.collector
 
     def _collector(self, engine: GenerationEngine) -> EpisodeCollector:
-        return EpisodeCollector(
-            self.pool,
-            engine,
-            self.tokenizer,
-            PromptBuilder(self.env_name, history_length=self.history_length, think=self.think),
-            max_turns=self.max_turns,
-            invalid_action_penalty=self.invalid_action_penalty,
-            max_prompt_tokens=self.max_prompt_tokens,
-        )
+        return self.make_collector(pool=self.pool, engine=engine, tokenizer=self.tokenizer)
 
     def _engines(self) -> list[GenerationEngine]:
         return [e for e in dict.fromkeys((self.engine, self.val_engine)) if e is not None]

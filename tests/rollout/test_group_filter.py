@@ -7,10 +7,12 @@ from functools import partial
 
 from lightning_epo.envs.gridworld import GridworldSuite
 from lightning_epo.envs.sync_pool import SyncEnvPool
+from lightning_epo.rollout.collector import EpisodeCollector
 from lightning_epo.rollout.datamodule import RolloutDataModule
 from lightning_epo.rollout.episode import Episode
 from lightning_epo.rollout.expert_engine import ExpertEngine
 from lightning_epo.rollout.group_filter import is_mixed, keep_mixed_groups
+from lightning_epo.rollout.prompts import PromptBuilder
 
 MOVES = ["go north", "go south", "go east", "go west"]
 
@@ -38,9 +40,10 @@ def _datamodule(tokenizer, oversample: int) -> RolloutDataModule:
     a group of 4 rollouts often mixes wins and losses."""
     suite = GridworldSuite(num_train_tasks=40)
     dm = RolloutDataModule(
-        suite=suite, pool=partial(SyncEnvPool, size=64), engine=None, model=None, env_name="gridworld",
-        max_turns=6, history_length=2, episodes_per_step=16, group_size=4, val_size=None, eval_splits=["iid"],
-        train_sampling={}, val_sampling={}, think=False, oversample=oversample,
+        suite=suite, pool=partial(SyncEnvPool, size=64), engine=None, model=None,
+        collector=partial(EpisodeCollector, prompt=PromptBuilder("gridworld", history_length=2, think=False), max_turns=6),
+        episodes_per_step=16, group_size=4, val_size=None, eval_splits=["iid"], train_sampling={}, val_sampling={},
+        oversample=oversample,
     )
     dm.tokenizer = tokenizer
     dm.engine = ExpertEngine(tokenizer, explore_prob=0.7, explore_actions=MOVES)
