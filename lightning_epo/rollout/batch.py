@@ -51,6 +51,21 @@ class RolloutBatch:
             picked[name] = picked[name][:, :length]
         return RolloutBatch(**picked)
 
+    def split_by_tokens(self, rows: torch.Tensor, budget: int) -> list[torch.Tensor]:
+        """``rows`` (indices ``[n]``) sorted longest first and cut into consecutive micro-batches whose padded
+        size after :meth:`select`'s trim, rows x their longest row, is at most ``budget`` tokens (a row longer than
+        ``budget`` forms a micro-batch of its own). Sorting puts rows of similar length together, so little of
+        each micro-batch is padding. Returns index tensors that together hold every row of ``rows`` once."""
+        lengths = self.attention_mask[rows].sum(-1)
+        order = lengths.argsort(descending=True, stable=True)
+        longest_first = lengths[order].tolist()
+        cuts, start = [], 0
+        for i in range(1, len(order)):
+            if (i - start + 1) * longest_first[start] > budget:  # row i would not fit beside rows start..i-1
+                cuts.append(rows[order[start:i]])
+                start = i
+        return [*cuts, rows[order[start:]]]
+
 
 def collate_episodes(episodes: list[Episode], pad_token_id: int, stats: dict[str, float] | None = None) -> RolloutBatch:
     """Stack every turn of ``episodes`` into a right-padded :class:`RolloutBatch` (token in, token out:

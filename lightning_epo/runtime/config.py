@@ -109,7 +109,8 @@ RULES: dict[str, Rule] = {
     "env.suite.jvm_heap_mb": integer(256), "env.suite.gold_path": SWITCH,
     # algorithm
     "algo.group_size": integer(), "algo.ppo_epochs": integer(), "algo.mini_batches": integer(),
-    "algo.micro_batch_size": integer(), "algo.critic": SWITCH, "algo.whiten_advantages": SWITCH,
+    "algo.micro_batch_size": integer(), "algo.micro_batch_tokens": integer(optional=True),
+    "algo.critic": SWITCH, "algo.whiten_advantages": SWITCH,
     "algo.clip_low": number(0, 1, open_low=True, open_high=True), "algo.clip_high": POSITIVE,
     "algo.dual_clip": number(1, open_low=True, optional=True, example=3.0),
     "algo.value_coef": NON_NEGATIVE, "algo.value_clip": number(0, open_low=True, optional=True, example=10.0),

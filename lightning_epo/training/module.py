@@ -146,14 +146,23 @@ class EPOModule(L.LightningModule):
         """``t`` reduced over all ranks (``sum`` or ``max``); itself on a single process."""
         return self.trainer.strategy.reduce(t, reduce_op=op) if self.trainer.world_size > 1 else t
 
-    def _micro_batches(self, groups: list[torch.Tensor]) -> list[tuple[torch.Tensor, ...]]:
-        """Each of ``groups`` (row indices) cut into micro-batches of at most ``algo.micro_batch_size`` rows, as
-        many as the rank that needs the most (here some may be empty, see :meth:`_rows_or_first`): DDP and
-        DeepSpeed reduce gradients in every backward pass and every ZeRO-3 forward all-gathers the parameter
-        shards, so all ranks must run the same number of passes."""
-        local = [math.ceil(len(rows) / self.algo.micro_batch_size) for rows in groups]
-        counts = self._reduce(torch.tensor(local, device=self.device), "max").clamp(min=1).tolist()
-        return [rows.tensor_split(count) for rows, count in zip(groups, counts)]
+    def _micro_batches(self, batch: RolloutBatch, groups: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+        """Each of ``groups`` (row indices of ``batch``) cut into micro-batches: of at most ``algo.micro_batch_size``
+        rows, or with ``algo.micro_batch_tokens`` sorted by length and packed up to that many tokens of padded size
+        (:meth:`RolloutBatch.split_by_tokens`). As many micro-batches as the rank that needs the most (here some may
+        be empty, see :meth:`_rows_or_first`): DDP and DeepSpeed reduce gradients in every backward pass and every
+        ZeRO-3 forward all-gathers the parameter shards, so all ranks must run the same number of passes."""
+        budget = self.algo.get("micro_batch_tokens")
+        if budget is None:  # rows spread evenly over the passes
+            counts = self._most_passes([math.ceil(len(rows) / self.algo.micro_batch_size) for rows in groups])
+            return [list(rows.tensor_split(count)) for rows, count in zip(groups, counts)]
+        cuts = [batch.split_by_tokens(rows, budget) for rows in groups]
+        counts = self._most_passes([len(cut) for cut in cuts])
+        return [cut + [rows[:0]] * (count - len(cut)) for rows, cut, count in zip(groups, cuts, counts)]
+
+    def _most_passes(self, local: list[int]) -> list[int]:
+        """The largest of each of this rank's pass counts ``local`` over all ranks (at least 1)."""
+        return self._reduce(torch.tensor(local, device=self.device), "max").clamp(min=1).tolist()
 
     def _rows_or_first(self, rows: torch.Tensor) -> torch.Tensor:
         """``rows``, or row 0 for an empty micro-batch: a pass whose result is discarded (or weighted 0), run so
@@ -215,7 +224,7 @@ class EPOModule(L.LightningModule):
             out["old_values"] = torch.zeros(shape, device=self.device)
         if self.algo.kl_coef > 0:
             out["ref_logprobs"] = torch.zeros(shape, device=self.device)
-        (micro_batches,) = self._micro_batches([torch.arange(len(batch), device=self.device)])
+        (micro_batches,) = self._micro_batches(batch, [torch.arange(len(batch), device=self.device)])
         for rows in micro_batches:
             mb = batch.select(self._rows_or_first(rows))
             length = mb.input_ids.shape[1]
@@ -292,7 +301,7 @@ class EPOModule(L.LightningModule):
         for _ in range(self.algo.ppo_epochs):
             order = torch.randperm(len(batch), generator=generator).to(self.device)
             minis = order.tensor_split(self.algo.mini_batches)
-            for mini, micro_batches in zip(minis, self._micro_batches(minis)):
+            for mini, micro_batches in zip(minis, self._micro_batches(batch, minis)):
                 opt.zero_grad()
                 kl_before = sums.get("approx_kl", 0.0)
                 for i, rows in enumerate(micro_batches):
