@@ -19,9 +19,8 @@ import time
 
 import bench_utils  # noqa: F401 - puts the repository on sys.path
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
-
 from bench_utils import machine_line, print_table
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 LENGTHS = [146, 200, 271, 230, 180, 255, 227, 240]
 

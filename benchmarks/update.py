@@ -35,11 +35,11 @@ import bench_utils  # noqa: F401 - puts the repository on sys.path
 import hydra
 import lightning as L
 import torch
+from bench_utils import REPO_ROOT, machine_line, median, print_table
 from hydra import compose, initialize_config_dir
 from torch.utils.data import DataLoader
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from bench_utils import REPO_ROOT, machine_line, median, print_table
 from lightning_epo.callbacks import BetaSchedule, EntropyWindow
 from lightning_epo.models.loading import load_actor
 from lightning_epo.rollout.batch import RolloutBatch

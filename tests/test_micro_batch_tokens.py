@@ -7,9 +7,9 @@ import hydra
 import pytest
 import torch
 
-from lightning_epo.config import validate
-from lightning_epo.errors import ConfigError
+from lightning_epo.core.errors import ConfigError
 from lightning_epo.rollout.batch import RolloutBatch
+from lightning_epo.runtime.config import validate
 from tests.test_module import fit_one_step, params, synthetic_batch
 
 SGD = ["optim.optimizer._target_=torch.optim.SGD", "~optim.optimizer.betas", "~optim.optimizer.weight_decay",
