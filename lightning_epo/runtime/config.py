@@ -24,7 +24,7 @@ from lightning_epo.training.checkpoint_io import is_intact
 
 log = logging.getLogger(__name__)
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 @dataclass(frozen=True)

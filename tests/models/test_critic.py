@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from lightning_epo.models.loading import load_actor, load_critic
-
-N, L = 3, 12
+from tests.models.conftest import L, N
 
 
 def model_cfg(path, **overrides):
@@ -21,12 +20,8 @@ def critic(tiny_model_path):
 
 
 @pytest.fixture
-def batch():
-    generator = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(3, 1000, (N, L), generator=generator)
-    attention_mask = torch.ones(N, L, dtype=torch.long)
-    attention_mask[1, :4] = 0  # a left-padded row
-    return input_ids, attention_mask
+def batch(padded_ids):
+    return padded_ids
 
 
 def test_values_are_float32_n_by_l_and_zero_before_the_first_token(critic, batch):

@@ -8,8 +8,7 @@ import torch
 
 from lightning_epo.models.loading import load_actor
 from lightning_epo.models.policy_outputs import actor_token_outputs
-
-N, L = 3, 12
+from tests.models.conftest import L, N
 
 
 @pytest.fixture
@@ -18,11 +17,8 @@ def actor(tiny_model_path):
 
 
 @pytest.fixture
-def batch():
-    g = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(3, 1000, (N, L), generator=g)
-    attention_mask = torch.ones(N, L, dtype=torch.long)
-    attention_mask[1, :4] = 0  # a left-padded row
+def batch(padded_ids):
+    input_ids, attention_mask = padded_ids
     response_mask = torch.zeros(N, L, dtype=torch.long)
     response_mask[0, 5:], response_mask[1, 8:11], response_mask[2, 2:9] = 1, 1, 1  # T = 17 tokens
     return input_ids, attention_mask, response_mask
