@@ -42,6 +42,7 @@ from lightning_epo.core.errors import ConfigError
 from lightning_epo.envs.alfworld_data import FIX_HINT, GAME_FILE, GAMES_ROOT, resolve_data_dir
 from lightning_epo.envs.base import Task, TaskSuite, TextEnv
 
+PROMPT_INTRO = "You are an expert agent operating in the ALFRED Embodied Environment."  # the prompt's first sentence
 SPLIT_FOLDERS = {"train": "train", "iid": "valid_seen", "ood": "valid_unseen"}
 BANNER_PREFIX = "-= Welcome to TextWorld"
 TASK_PREFIX = "Your task is to: "

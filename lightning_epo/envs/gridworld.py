@@ -32,6 +32,10 @@ from typing import Any
 from lightning_epo.core.errors import ConfigError
 from lightning_epo.envs.base import Task, TaskSuite, TextEnv
 
+PROMPT_INTRO = (  # the agent prompt's first sentence (lightning_epo/rollout/prompts.py builds the rest)
+    "You are an expert agent operating in the GridWorld environment, a text-based grid "
+    "in which you walk to the goal object one step at a time and then use it."
+)
 SPLITS = ("train", "iid", "ood")
 SAFETY_STEP_CAP = 1000
 MAX_LAYOUT_ATTEMPTS = 1000

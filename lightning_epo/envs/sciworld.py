@@ -50,6 +50,7 @@ from typing import Any
 
 from lightning_epo.core.errors import ConfigError, UserError
 from lightning_epo.envs.base import Task, TaskSuite, TextEnv
+from lightning_epo.envs.sciworld_prompt import INTRO as PROMPT_INTRO  # noqa: F401 (its prompt: sciworld_prompt.py)
 
 EXCLUDED_TASK = "use-thermometer"
 NUM_TASKS = 29

@@ -5,6 +5,10 @@ code bases do for ALFWorld: a first-step template without history, and a templat
 task, the step count, the last ``history_length`` (observation, action) pairs, the current
 observation and the admissible actions. Everything goes into one user message, as in verl-agent.
 
+Each environment owns its text: its first sentence is ``PROMPT_INTRO`` of its module in ``lightning_epo/envs/``
+(a new environment with this template needs nothing here), and ScienceWorld's whole prompt lives in
+``lightning_epo/envs/sciworld_prompt.py``.
+
 ScienceWorld uses the EPO code base's own ScienceWorld prompt (WujiangXu/EPO,
 ``agent_system/environments/prompts/sciworld.py``, with the available-actions text its environment
 wrapper writes): "Your current task is: ...", the history, the current observation, ScienceWorld's 25
@@ -27,17 +31,13 @@ Departures from the reference prompts:
 
 from __future__ import annotations
 
-import json
+import importlib
+import pkgutil
 import re
 from typing import Any
 
-_INTROS = {
-    "gridworld": "You are an expert agent operating in the GridWorld environment, a text-based grid "
-    "in which you walk to the goal object one step at a time and then use it.",
-    "sciworld": "You are an expert agent operating in the ScienceWorld environment, which is a text-based "
-    "virtual environment centered around accomplishing tasks from the elementary science curriculum.",
-    "alfworld": "You are an expert agent operating in the ALFRED Embodied Environment.",
-}
+from lightning_epo import envs
+from lightning_epo.envs import sciworld_prompt
 
 _TASK = "Your task is to: {task}"
 _FIRST_STEP = "Your current observation is: {observation}"
@@ -61,56 +61,19 @@ _INSTRUCTION_ACTION_ONLY = (
     "Choose an admissible action for current step and present it within <action> </action> tags."
 )
 
-# ScienceWorld (the EPO code base's sciworld.py): the action templates with their descriptions are fixed text.
-_SCIWORLD_TASK = "Your current task is: {task}"
-_SCIWORLD_HISTORY_ENTRY = "[Step {n}, Observation {n}: '{observation}', Action {n}: '{action}']"
-_SCIWORLD_EARLIER_ENTRY = "[Step {n}, Action {n}: '{action}']"
-_SCIWORLD_ACTION_DESCRIPTIONS = (
-    ("open OBJ", "open a container"),
-    ("close OBJ", "close a container"),
-    ("activate OBJ", "activate a device"),
-    ("deactivate OBJ", "deactivate a device"),
-    ("connect OBJ to OBJ", "connect electrical components"),
-    ("disconnect OBJ", "disconnect electrical components"),
-    ("use OBJ [on OBJ]", "use a device/item"),
-    ("look around", "describe the current room"),
-    ("look at OBJ", "describe an object in detail"),
-    ("look in OBJ", "describe a container's contents"),
-    ("read OBJ", "read a note or book"),
-    ("move OBJ to OBJ", "move an object to a container"),
-    ("pick up OBJ", "move an object to the inventory"),
-    ("put down OBJ", "drop an inventory item"),
-    ("pour OBJ into OBJ", "pour a liquid into a container"),
-    ("dunk OBJ into OBJ", "dunk a container into a liquid"),
-    ("mix OBJ", "chemically mix a container"),
-    ("go to LOC", "move to a new location"),
-    ("eat OBJ", "eat a food"),
-    ("flush OBJ", "flush a toilet"),
-    ("focus on OBJ", "signal intent on a task object"),
-    ("wait", "take no action for 10 iterations"),
-    ("wait1", "take no action for 1 iteration"),
-    ("task", "describe current task"),
-    ("inventory", "list your inventory"),
-)
-_SCIWORLD_ACTIONS = "Here are the actions you may take:\n[\n{}\n]".format(
-    ",\n".join(json.dumps({"action": a, "description": d}) for a, d in _SCIWORLD_ACTION_DESCRIPTIONS)
-)
-# The environment lists the task's templates, then the objects line (lightning_epo/envs/sciworld.py).
-_SCIWORLD_AVAILABLE = (
-    "Current available actions:\nValid_actions: {templates}, {objects}\n example: <action>focus on door</action>"
-)
-_SCIWORLD_REASON = (
-    "You should first reason step-by-step about the current situation. This reasoning process MUST be enclosed "
-    "within <think> </think> tags.\nOnce you've finished your reasoning, you should choose an appropriate action "
-    "for the current step and present it within <action> </action> tags."
-)
-_SCIWORLD_ACTION_ONLY = (
-    "Choose an appropriate action for the current step and present it within <action> </action> tags."
-)
-
 _ACTION_RE = re.compile(r"<action>(.*?)</action>", re.DOTALL)
 
-ENV_NAMES = tuple(_INTROS)
+def prompt_envs() -> list[str]:
+    """The environments with prompt text: the modules ``lightning_epo.envs.<name>`` that define ``PROMPT_INTRO``."""
+    names = [module.name for module in pkgutil.iter_modules(envs.__path__)]
+    return [name for name in names if hasattr(importlib.import_module(f"lightning_epo.envs.{name}"), "PROMPT_INTRO")]
+
+
+def env_intro(env_name: str) -> str:
+    """The environment's own first sentence of the prompt, ``PROMPT_INTRO`` of ``lightning_epo.envs.<env_name>``."""
+    if env_name not in prompt_envs():
+        raise ValueError(f"unknown env name {env_name!r} for prompts; valid: {', '.join(prompt_envs())}")
+    return importlib.import_module(f"lightning_epo.envs.{env_name}").PROMPT_INTRO
 
 
 def parse_action(text: str) -> str | None:
@@ -134,8 +97,7 @@ class PromptBuilder:
     """
 
     def __init__(self, env_name: str, history_length: int = 2, think: bool = True) -> None:
-        if env_name not in _INTROS:
-            raise ValueError(f"unknown env name {env_name!r} for prompts; valid: {', '.join(ENV_NAMES)}")
+        self.intro = env_intro(env_name)
         if history_length < 0:
             raise ValueError(f"history_length must be >= 0, got {history_length}")
         self.env_name = env_name
@@ -176,8 +138,8 @@ class PromptBuilder:
         else:
             situation = _FIRST_STEP.format(observation=observation)
         if self.env_name == "sciworld":
-            return self._sciworld_text(task, situation, admissible_actions, bool(recent))
-        parts = [_INTROS[self.env_name], _TASK.format(task=task), situation]
+            return sciworld_prompt.turn_text(task, situation, admissible_actions, bool(recent), self.think)
+        parts = [self.intro, _TASK.format(task=task), situation]
         if admissible_actions is not None:
             parts.append(_ADMISSIBLE.format(admissible_actions="\n ".join(f"'{a}'" for a in admissible_actions)))
         return "\n".join(parts) + "\n\n" + (_INSTRUCTION_THINK if self.think else _INSTRUCTION_ACTION_ONLY)
@@ -189,23 +151,7 @@ class PromptBuilder:
             return "\n".join(
                 _HISTORY_ENTRY.format(n=first + i, observation=obs, action=act) for i, (obs, act) in enumerate(recent)
             )
-        first, earlier = step - len(history) + 1, len(history) - len(recent)
-        return "\n".join(
-            _SCIWORLD_EARLIER_ENTRY.format(n=first + i, action=act)
-            if i < earlier
-            else _SCIWORLD_HISTORY_ENTRY.format(n=first + i, observation=obs, action=act)
-            for i, (obs, act) in enumerate(history)
-        )
-
-    def _sciworld_text(self, task: str, situation: str, admissible_actions: list[str] | None, with_history: bool) -> str:
-        """The EPO code base's ScienceWorld prompt around ``situation`` (observation, with or without history);
-        ``admissible_actions`` are the task's action templates followed by the environment's objects line."""
-        parts = [_INTROS["sciworld"] + "\n" + _SCIWORLD_TASK.format(task=task), situation + "\n" + _SCIWORLD_ACTIONS]
-        if admissible_actions is not None:
-            *templates, objects = admissible_actions
-            parts.append(_SCIWORLD_AVAILABLE.format(templates=templates, objects=objects))
-        turn = "Now it's your turn to take an action." + (" " if with_history and self.think else "\n")
-        return "\n\n".join([*parts, turn + (_SCIWORLD_REASON if self.think else _SCIWORLD_ACTION_ONLY)])
+        return sciworld_prompt.history_entries(history, len(recent), step)
 
     @staticmethod
     def messages(text: str) -> list[dict[str, str]]:
