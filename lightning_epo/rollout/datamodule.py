@@ -16,10 +16,10 @@ from torch.utils.data import DataLoader, IterableDataset
 from lightning_epo.envs.base import EnvPool, Task, TaskSuite
 from lightning_epo.models.loading import load_tokenizer
 from lightning_epo.rollout.batch import RolloutBatch, collate_episodes
-from lightning_epo.rollout.collector import EpisodeCollector, Rollout
+from lightning_epo.rollout.collector import EpisodeCollector
 from lightning_epo.rollout.engine import GenerationEngine, SamplingParams
 from lightning_epo.rollout.group_filter import keep_mixed_groups
-from lightning_epo.rollout.progress_log import rollout_done_line
+from lightning_epo.rollout.progress_log import rollout_done_line, rollout_stats
 
 log = logging.getLogger(__name__)
 
@@ -72,22 +72,6 @@ def validation_sample(tasks: list[Task], size: int | None, seed: int) -> list[Ta
         picked.extend(f[depth] for f in order if depth < len(f))
         depth += 1
     return picked[:size]
-
-
-def rollout_stats(rollout: Rollout, wall_s: float) -> dict[str, float]:
-    """The ``train/*`` and ``perf/*`` rollout metrics of one batch (DESIGN.md metric table)."""
-    eps, s = rollout.episodes, rollout.stats
-    turns = sum(ep.num_turns for ep in eps)
-    return {
-        "train/reward": sum(ep.episode_return for ep in eps) / len(eps),
-        "train/success": sum(ep.won for ep in eps) / len(eps),
-        "train/turns": turns / len(eps),
-        "train/invalid_action_rate": sum(ep.invalid_actions for ep in eps) / max(turns, 1),
-        "train/env_failures": s["env_failures"],
-        "perf/rollout_s": wall_s,
-        "perf/gen_tokens_per_s": s["gen_tokens"] / max(s["gen_s"], 1e-9),
-        "perf/env_steps_per_s": s["env_steps"] / max(s["env_s"], 1e-9),
-    }
 
 
 class _Stream(IterableDataset):
@@ -209,9 +193,9 @@ class RolloutDataModule(L.LightningDataModule):
         rollout = self.collector.collect(tasks, groups, self.train_sampling)
         self.engine.release_memory()  # the update needs the memory next
         wall_s = time.perf_counter() - start
-        if rank == 0:
-            log.info(rollout_done_line(step, rollout, wall_s))
         stats = rollout_stats(rollout, wall_s=wall_s)  # over every collected episode: the policy's own level
+        if rank == 0:
+            log.info(rollout_done_line(step, rollout, stats))
         episodes = rollout.episodes
         if self.oversample > 1:
             episodes, stats["train/mixed_groups"] = keep_mixed_groups(episodes, self.groups_per_step)
