@@ -90,7 +90,7 @@ def merged_weights(model: PeftModel, dtype: torch.dtype | None = None) -> Iterat
     adapters' own parameters are left out. The model is not changed.
 
     One adapted layer at a time: under ZeRO-3 its base weight and adapters are gathered together (every rank must
-    run the whole iteration, as for :func:`~lightning_epo.training.distributed.hf_weights`).
+    run the whole iteration, as for :func:`~lightning_epo.models.weights.hf_weights`).
     """
     base = model.get_base_model()
     adapted = {name: layer for name, layer in base.named_modules() if isinstance(layer, LoraLayer)}
