@@ -100,11 +100,21 @@ def explained_variance(
     (identity if None). Returns a 0-d float32 tensor, NaN when the returns do not vary: ``Var(R)`` within float32
     rounding of ``E[R^2]`` (e.g. every episode of the step won alike), where the ratio would be rounding noise.
     """
+    moments = explained_variance_moments(returns, values, mask)
+    return explained_variance_from_moments(reduce(moments) if reduce is not None else moments)
+
+
+def explained_variance_moments(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The ``[5]`` sums :func:`explained_variance` needs (of R, R², R − V, (R − V)², the token count) over the
+    response tokens of ``[N, L]`` inputs: summed over ranks, they give the all-rank value."""
     mask = mask.bool()
     r, err = returns[mask].float(), (returns - values)[mask].float()
-    moments = torch.stack([r.sum(), (r**2).sum(), err.sum(), (err**2).sum(), mask.sum().float()])
-    if reduce is not None:
-        moments = reduce(moments)
+    return torch.stack([r.sum(), (r**2).sum(), err.sum(), (err**2).sum(), mask.sum().float()])
+
+
+def explained_variance_from_moments(moments: torch.Tensor) -> torch.Tensor:
+    """``1 - Var(R - V) / Var(R)`` from :func:`explained_variance_moments` ``[5]``; NaN when the returns do not vary
+    (see :func:`explained_variance`)."""
     n = moments[4].clamp(min=1.0)
     var_r = moments[1] / n - (moments[0] / n) ** 2
     var_err = moments[3] / n - (moments[2] / n) ** 2

@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
-import torch
 
 
 class EntropyWindow(L.Callback):
     """Keeps ``W_k``: one entry per completed RL step, the flat mean of that step's old-policy token
-    entropies over all ranks (all-reduced as ``(sum, count)``).
+    entropies over all ranks (the module's step report).
 
     Before step k it hands ``Hbar = mean(W_k)`` to the module (None while the window is empty, k = 0);
     ``window='cumulative'`` (the paper) averages every past step, an int ``n`` the last ``n``.
@@ -40,10 +39,7 @@ class EntropyWindow(L.Callback):
         pl_module.step_inputs.entropy_ref, pl_module.step_inputs.window_len = self.entropy_ref(), len(self.recent())
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        stats: torch.Tensor = pl_module.step_report.entropy_stats
-        if trainer.world_size > 1:
-            stats = trainer.strategy.reduce(stats.clone(), reduce_op="sum")
-        self.values.append(float(stats[0] / stats[1].clamp(min=1.0)))
+        self.values.append(pl_module.step_report.entropy_mean)
 
     def state_dict(self) -> dict[str, Any]:
         return {"values": list(self.values)}

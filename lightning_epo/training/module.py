@@ -50,9 +50,10 @@ from lightning_epo.algos import (
     whiten,
 )
 from lightning_epo.algos.aggregation import turn_and_trajectory_counts
-from lightning_epo.algos.losses import explained_variance
+from lightning_epo.algos.losses import explained_variance_from_moments, explained_variance_moments
 from lightning_epo.algos.objective import ObjectiveSettings, StepTargets, epo_objective
 from lightning_epo.core.errors import TrainingDiverged
+from lightning_epo.core.metric_names import LOSS_TERMS, PANELS, PROGRESS_BAR, ROLLOUT_COUNTS
 from lightning_epo.core.secrets import scrub_secrets
 from lightning_epo.core.seeding import seed_rl_step
 from lightning_epo.models.loading import load_actor, load_critic, load_reference
@@ -65,11 +66,11 @@ from lightning_epo.training.distributed import accumulation_boundary, hf_zero3_c
 from lightning_epo.training.entropy_panels import entropy_panel_sums
 from lightning_epo.training.optim import build_optimizer, build_scheduler
 from lightning_epo.training.step_io import StepInputs, StepReport
+from lightning_epo.training.step_metrics import RankSums, ratio, turn_entropy_sums, turn_means
 
 __all__ = ["EPOModule", "TrainingDiverged"]
 
 
-COUNTED_STATS = ("train/env_failures",)
 
 
 class EPOModule(L.LightningModule):
@@ -86,6 +87,7 @@ class EPOModule(L.LightningModule):
         train_temperature: float = 1.0,
         edge_turns: int = 2,
         edge_tokens: int = 10,
+        max_turns: int = 50,
     ) -> None:
         super().__init__()
         # plain containers in the checkpoint: Lightning resumes with torch.load(weights_only=True)
@@ -461,75 +463,66 @@ class EPOModule(L.LightningModule):
         terms, optimizer_steps = self._ppo_update(batch, targets, settings)
         self._check_parameters(norms_before)
         self.lr_schedulers().step()
-        self._log_step(batch, old, terms, settings, update_s=time.perf_counter() - start, optimizer_steps=optimizer_steps)
-        if targets.returns is not None:  # the old critic against the targets it is trained on this step
-            ev = explained_variance(targets.returns, targets.old_values, mask, self._reduce)
-            if torch.isfinite(ev):  # undefined when the returns do not vary: not logged (DESIGN.md, no NaN)
-                self._log_scalar("critic/explained_variance", ev, "max")
-        self.step_report = StepReport(
-            rl_step=self.rl_step,
-            entropy_stats=torch.stack([old["entropy"][mask].sum(), mask.sum().float()]),
-            turn_entropy=self._turn_entropy(old["entropy"], batch),
-            rollout=batch,
+        self.step_report = self._log_step(
+            batch, old, targets, terms, settings, update_s=time.perf_counter() - start, optimizer_steps=optimizer_steps
         )
         self.rl_step += 1
 
     # ----------------------------------------------------------------- logging
-    PROGRESS_BAR = ("train/reward", "train/success", "loss/entropy", "epo/beta")
-
-    def _log_scalar(self, name: str, value: float | torch.Tensor, reduce_fx: str = "mean") -> None:
-        """Log against the RL step. ``sum`` for this rank's share of an all-rank weighted sum, ``max`` for
-        values already equal on every rank."""
-        self.log(
-            name, float(value), on_step=True, on_epoch=False, batch_size=1, sync_dist=True, reduce_fx=reduce_fx,
-            prog_bar=name in self.PROGRESS_BAR,
-        )
+    def _log(self, name: str, value: float) -> None:
+        """Log a value already equal on every rank (all-rank sums come from :meth:`_log_step`'s one reduction)."""
+        self.log(name, float(value), on_step=True, on_epoch=False, batch_size=1, prog_bar=name in PROGRESS_BAR)
 
     def _log_step(
-        self, batch: RolloutBatch, old: dict[str, torch.Tensor], terms: dict[str, float], s: ObjectiveSettings,
-        update_s: float, optimizer_steps: int,
-    ) -> None:
-        log = self._log_scalar
-        for name, value in batch.stats.items():  # per-rank rollout stats: counts add up, rates average
-            log(name, value, "sum" if name in COUNTED_STATS else "mean")
-        for name in ("policy", "entropy", "smooth", "value", "kl", "total"):
-            if name in terms:  # a metric that does not exist in this run is not logged (DESIGN.md)
-                log(f"loss/{name}", terms[name], "sum")
-        log("ppo/clipfrac", terms["clipfrac"], "sum")
-        log("ppo/approx_kl", terms["approx_kl"], "sum")
-        if self.algo.get("target_kl") is not None:  # without a target it is always ppo_epochs * mini_batches
-            log("ppo/optimizer_steps", optimizer_steps, "max")
-        log("perf/update_s", update_s)
-        log("train/lr", self.lr_schedulers().get_last_lr()[0])
-        log("train/skipped_steps", self.skipped_steps)
-        if self.algo.epo.enabled:
-            log("epo/entropy_coef", s.entropy_coef)
-        if s.smoothing:
-            log("epo/beta", s.beta)
-            if s.entropy_ref is not None:
-                log("epo/entropy_ref", s.entropy_ref)
-                mask = batch.response_mask
-                counts = self._reduce(
-                    torch.stack([out_of_range(old["entropy"][mask], s.entropy_ref, s.kappa_l, s.kappa_r).sum().float(), mask.sum().float()])
-                )
-                log("epo/out_of_range_frac", counts[0] / counts[1], "max")
-        panels = self._reduce(
-            entropy_panel_sums(old["entropy"], batch.response_mask, batch.traj_ids, batch.turn_idx,
-                               self.hparams.edge_turns, self.hparams.edge_tokens)
-        )
-        for i, name in enumerate(("early_turns", "late_turns", "early_tokens", "late_tokens")):
-            if panels[2 * i + 1] > 0:
-                log(f"entropy/{name}", panels[2 * i] / panels[2 * i + 1], "max")
+        self, batch: RolloutBatch, old: dict[str, torch.Tensor], targets: StepTargets, terms: dict[str, float],
+        s: ObjectiveSettings, update_s: float, optimizer_steps: int,
+    ) -> StepReport:
+        """Log RL step k's metrics (DESIGN.md's table; names in lightning_epo/core/metric_names.py) and return its
+        report for the callbacks. Every quantity summed over ranks goes through one collective; a metric that
+        does not exist in this run (no critic, no smoothing, no tokens in a panel) is not logged."""
+        mask, entropy = batch.response_mask, old["entropy"]
+        sums = RankSums(self.device)
+        for name, value in [*batch.stats.items(), *((f"terms/{n}", v) for n, v in terms.items())]:
+            sums.add(name, value)
+        sums.add("perf/update_s", update_s)
+        sums.add("entropy", torch.stack([entropy[mask].sum(), mask.sum().float()]))
+        sums.add("panels", entropy_panel_sums(entropy, mask, batch.traj_ids, batch.turn_idx,
+                                              self.hparams.edge_turns, self.hparams.edge_tokens))
+        sums.add("turns", turn_entropy_sums(entropy, mask, batch.turn_idx, self.hparams.max_turns))
+        if s.smoothing and s.entropy_ref is not None:
+            sums.add("out_of_range", out_of_range(entropy[mask], s.entropy_ref, s.kappa_l, s.kappa_r).sum())
+        if targets.returns is not None:  # the old critic against the targets it is trained on this step
+            sums.add("critic", explained_variance_moments(targets.returns, targets.old_values, mask))
+        total, world = sums.reduce(self._reduce), self.trainer.world_size
 
-    def _turn_entropy(self, entropy: torch.Tensor, batch: RolloutBatch) -> list[float]:
-        """Mean old-policy token entropy per turn index (all ranks), for the entropy-by-turn panel."""
-        length = int(self._reduce(batch.turn_idx.max().float() + 1, "max"))
-        mask = batch.response_mask.float()
-        sums = torch.zeros(2, length, device=self.device)
-        sums[0].index_add_(0, batch.turn_idx, (entropy * mask).sum(-1))
-        sums[1].index_add_(0, batch.turn_idx, mask.sum(-1))
-        sums = self._reduce(sums, "sum")
-        return [float(s / c) if c > 0 else float("nan") for s, c in zip(sums[0], sums[1])]
+        for name in batch.stats:  # per-rank rollout stats: counts add up, rates average
+            self._log(name, total[name] if name in ROLLOUT_COUNTS else total[name] / world)
+        for name in LOSS_TERMS:
+            if name in terms:
+                self._log(f"loss/{name}", total[f"terms/{name}"])
+        self._log("ppo/clipfrac", total["terms/clipfrac"])
+        self._log("ppo/approx_kl", total["terms/approx_kl"])
+        if self.algo.get("target_kl") is not None:  # without a target it is always ppo_epochs * mini_batches
+            self._log("ppo/optimizer_steps", optimizer_steps)
+        self._log("perf/update_s", total["perf/update_s"] / world)
+        self._log("train/lr", self.lr_schedulers().get_last_lr()[0])
+        self._log("train/skipped_steps", self.skipped_steps)
+        if self.algo.epo.enabled:
+            self._log("epo/entropy_coef", s.entropy_coef)
+        if s.smoothing:
+            self._log("epo/beta", s.beta)
+            if s.entropy_ref is not None:
+                self._log("epo/entropy_ref", s.entropy_ref)
+                self._log("epo/out_of_range_frac", total["out_of_range"] / total["entropy"][1])
+        for i, name in enumerate(PANELS):
+            if (value := ratio(total["panels"][2 * i : 2 * i + 2])) is not None:
+                self._log(f"entropy/{name}", value)
+        if "critic" in total and torch.isfinite(ev := explained_variance_from_moments(total["critic"])):
+            self._log("critic/explained_variance", ev)  # undefined when the returns do not vary: not logged
+        return StepReport(
+            rl_step=self.rl_step, entropy_mean=ratio(total["entropy"]) or 0.0,
+            turn_entropy=turn_means(total["turns"].view(2, -1)), rollout=batch,
+        )
 
     # ----------------------------------------------------------------- validation
     def on_validation_epoch_start(self) -> None:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from lightning_epo.rollout.batch import RolloutBatch
 
 
@@ -28,12 +26,12 @@ class StepInputs:
 class StepReport:
     """What the module publishes after RL step k.
 
-    entropy_stats: ``[2]``, this rank's (sum, count) of the old-policy token entropies on response tokens.
+    entropy_mean: the mean old-policy token entropy over the response tokens of all ranks (the window's entry).
     turn_entropy: the mean old-policy token entropy of each turn index over all ranks (NaN: no token there).
     rollout: this rank's batch of the step (its episodes).
     """
 
     rl_step: int
-    entropy_stats: torch.Tensor
+    entropy_mean: float
     turn_entropy: list[float]
     rollout: RolloutBatch

@@ -1,5 +1,6 @@
 """The rollout-phase log line."""
 
+from lightning_epo.core.metric_names import ROLLOUT_COUNTS, ROLLOUT_MEANS
 from lightning_epo.rollout.collector import Rollout
 from lightning_epo.rollout.episode import Episode
 from lightning_epo.rollout.progress_log import rollout_done_line, rollout_stats
@@ -13,3 +14,10 @@ def test_rollout_done_line_reports_time_split_and_outcomes():
     assert line == (
         "step 3: collected 2 episodes in 12.3 s (gen 10.2 s, 5210 tokens; env 2.1 s, 48 steps), success 0.50, reward 4.50"
     )
+
+
+def test_rollout_metrics_are_named_in_the_one_table():
+    episodes = [Episode(0, 0, "t", won=True, episode_return=10.0)]
+    stats = dict(gen_s=1.0, gen_tokens=10.0, env_s=1.0, env_steps=4.0, env_failures=0.0)
+    names = set(rollout_stats(Rollout(episodes, stats), wall_s=2.0))
+    assert names <= set(ROLLOUT_MEANS + ROLLOUT_COUNTS), names - set(ROLLOUT_MEANS + ROLLOUT_COUNTS)

@@ -1,0 +1,11 @@
+"""The names of the per-RL-step training metrics (DESIGN.md's table), once, for the rollout that measures some of
+them and the module that logs them all (lightning_epo/training/step_metrics.py)."""
+
+ROLLOUT_MEANS = (  # per rank over its episodes, averaged over ranks
+    "train/reward", "train/success", "train/turns", "train/invalid_action_rate", "train/mixed_groups",
+    "perf/rollout_s", "perf/gen_tokens_per_s", "perf/env_steps_per_s",
+)
+ROLLOUT_COUNTS = ("train/env_failures",)  # summed over ranks
+LOSS_TERMS = ("policy", "entropy", "smooth", "value", "kl", "total")  # loss/<term>, where the run has the term
+PANELS = ("early_turns", "late_turns", "early_tokens", "late_tokens")  # entropy/<panel> (paper Fig. 1, Fig. 7d)
+PROGRESS_BAR = ("train/reward", "train/success", "loss/entropy", "epo/beta")
