@@ -2,8 +2,7 @@
 
 Hydra already rejects unknown keys (``Key 'x' is not in struct``) and unknown group options. Every number and
 switch of the configs has a rule in :data:`RULES` (a key absent from the composed config, e.g. another
-environment's, is skipped); the checks that relate several keys follow in :func:`validate`. Lightning checks
-the ``trainer.*`` and ``logger.*`` arguments itself.
+environment's, is skipped); the checks that relate several keys follow in :func:`validate`.
 """
 
 from __future__ import annotations
@@ -146,6 +145,13 @@ RULES: dict[str, Rule] = {
     "optim.grad_clip": POSITIVE, "optim.max_skipped_streak": integer(optional=True),
     "optim.max_param_norm_growth": number(1, open_low=True, optional=True, example=2.0),
     "optim.optimizer.weight_decay": NON_NEGATIVE,
+    # trainer and logger
+    "trainer.num_nodes": integer(), "trainer.max_epochs": integer(), "trainer.log_every_n_steps": integer(),
+    "trainer.num_sanity_val_steps": integer(0), "trainer.check_val_every_n_epoch": integer(optional=True),
+    "trainer.enable_model_summary": SWITCH, "trainer.strategy.stage": integer(2, 3),
+    "trainer.strategy.bucket_size": integer(), "trainer.strategy.find_unused_parameters": SWITCH,
+    "trainer.strategy.offload_optimizer": SWITCH, "trainer.strategy.offload_parameters": SWITCH,
+    "trainer.strategy.pin_memory": SWITCH, "logger.offline": SWITCH, "logger.log_model": SWITCH,
     # metrics and callbacks
     "metrics.edge_turns": integer(), "metrics.edge_tokens": integer(),
     "callbacks.checkpoint.every_n_rl_steps": integer(), "callbacks.rollout_samples.num_episodes": integer(0),
@@ -221,6 +227,7 @@ def validate(cfg: DictConfig) -> None:
             "drop it"
         )
     _epo_settings(algo.epo)
+    _devices(cfg.trainer.get("devices", "auto"))
     if algo.epo.smoothing and not algo.epo.enabled:
         raise ConfigError("algo.epo.smoothing=true has no effect while algo.epo.enabled=false: enable EPO or drop smoothing")
     if algo.mini_batches > 1 and cfg.data.episodes_per_step < algo.mini_batches:
@@ -234,6 +241,12 @@ def validate(cfg: DictConfig) -> None:
             )
     if cfg.ckpt_path not in (None, "last") and not Path(cfg.ckpt_path).exists():  # DeepSpeed saves directories
         raise ConfigError(f"ckpt_path '{cfg.ckpt_path}' does not exist: give a .ckpt file, or ckpt_path=last")
+
+
+def _devices(devices: object) -> None:
+    """``trainer.devices``: ``auto`` or a count of devices per node."""
+    if devices != "auto" and not integer().accepts(devices):
+        raise ConfigError(f"trainer.devices must be 'auto' or {integer().describe()}, got {devices!r}")
 
 
 def _epo_settings(epo: DictConfig) -> None:
