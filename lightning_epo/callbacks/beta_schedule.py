@@ -16,8 +16,6 @@ class BetaSchedule(L.Callback):
     def __init__(
         self, total_steps: int, beta: str | float = "schedule", beta_start: float = 2.0, beta_end: float = 1.0, lambda_d: float = 3.0
     ) -> None:
-        if beta != "schedule" and not isinstance(beta, (int, float)):
-            raise ValueError(f"algo.epo.beta must be 'schedule' or a number, got {beta!r}")
         self.total_steps, self.beta = total_steps, beta
         self.beta_start, self.beta_end, self.lambda_d = beta_start, beta_end, lambda_d
 

@@ -114,11 +114,6 @@ class RolloutDataModule(L.LightningDataModule):
         oversample: int = 1,
     ) -> None:
         super().__init__()
-        if episodes_per_step % group_size:
-            raise ValueError(
-                f"data.episodes_per_step={episodes_per_step} is not a multiple of algo.group_size={group_size}: "
-                "a GRPO group must stay whole"
-            )
         self.suite, self.make_pool, self.make_engine, self.model_cfg = suite, pool, engine, model
         self.make_val_engine = val_engine  # None: evaluate with the training engine
         self.make_collector = collector

@@ -71,8 +71,6 @@ from lightning_epo.training.step_metrics import RankSums, ratio, turn_entropy_su
 __all__ = ["EPOModule", "TrainingDiverged"]
 
 
-
-
 class EPOModule(L.LightningModule):
     """Holds the models and all the math; never touches an environment."""
 
