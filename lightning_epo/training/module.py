@@ -59,6 +59,7 @@ from lightning_epo.core.seeding import seed_rl_step
 from lightning_epo.models.loading import load_actor, load_critic, load_reference
 from lightning_epo.models.lora import is_lora
 from lightning_epo.models.policy_outputs import actor_token_outputs
+from lightning_epo.models.shared_prefix import shared_prefix_length
 from lightning_epo.models.weights import local_values
 from lightning_epo.rollout.batch import RolloutBatch
 from lightning_epo.training.checkpoint_io import newest_checkpoint
@@ -194,8 +195,23 @@ class EPOModule(L.LightningModule):
             entropy_ref=inputs.entropy_ref,
         )
 
-    def _token_outputs(self, mb: RolloutBatch, model: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs and entropies ``[n, L]`` of ``mb``'s response tokens under ``model`` (the actor by default)."""
+    def _shared_prefix(self, mb: RolloutBatch) -> int:
+        """The tokens at the start of ``mb``'s rows that the decoders compute once (``model.shared_prefix``; 0: off).
+        Every ZeRO-3 forward all-gathers the parameter shards, so there all ranks must run the decoder as many times
+        (two passes with a prefix, one without): a prefix is used only where every rank has one."""
+        if not self.model_cfg.get("shared_prefix", False):
+            return 0
+        prefix = shared_prefix_length(mb.input_ids, mb.attention_mask)
+        zero3 = self._trainer is not None and zero_stage(self.trainer.strategy) == 3
+        if zero3 and self._reduce(torch.tensor(int(prefix > 0), device=self.device), "min") == 0:
+            return 0
+        return prefix
+
+    def _token_outputs(
+        self, mb: RolloutBatch, prefix: int, model: torch.nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies ``[n, L]`` of ``mb``'s response tokens under ``model`` (the actor by default),
+        its first ``prefix`` tokens computed once (:meth:`_shared_prefix`)."""
         return actor_token_outputs(
             model if model is not None else self.actor,
             mb.input_ids,
@@ -204,15 +220,20 @@ class EPOModule(L.LightningModule):
             self.model_cfg.get("logits_chunk_size"),
             self.hparams.train_temperature,
             self.model_cfg.get("fused_output", False),
+            prefix,
         )
 
-    def _reference_logprobs(self, mb: RolloutBatch) -> torch.Tensor:
+    def _values(self, mb: RolloutBatch, prefix: int) -> torch.Tensor:
+        """The critic's values ``[n, L]`` of ``mb``'s states."""
+        return self.critic(mb.input_ids, mb.attention_mask, prefix)
+
+    def _reference_logprobs(self, mb: RolloutBatch, prefix: int) -> torch.Tensor:
         """``mb``'s response log-probs under the frozen reference: the reference model, or with LoRA the actor
         with its adapter disabled (the same frozen base)."""
         if self.reference is not None:
-            return self._token_outputs(mb, self.reference)[0]
+            return self._token_outputs(mb, prefix, self.reference)[0]
         with self.actor.disable_adapter():
-            return self._token_outputs(mb)[0]
+            return self._token_outputs(mb, prefix)[0]
 
     # ----------------------------------------------------------------- old-policy pass
     @torch.no_grad()
@@ -227,12 +248,12 @@ class EPOModule(L.LightningModule):
         (micro_batches,) = self._micro_batches(batch, [torch.arange(len(batch), device=self.device)])
         for rows in micro_batches:
             mb = batch.select(self._rows_or_first(rows))
-            length = mb.input_ids.shape[1]
-            outputs = dict(zip(("old_logprobs", "entropy"), self._token_outputs(mb)))
+            length, prefix = mb.input_ids.shape[1], self._shared_prefix(mb)
+            outputs = dict(zip(("old_logprobs", "entropy"), self._token_outputs(mb, prefix)))
             if self.critic is not None:
-                outputs["old_values"] = self.critic(mb.input_ids, mb.attention_mask)
+                outputs["old_values"] = self._values(mb, prefix)
             if "ref_logprobs" in out:
-                outputs["ref_logprobs"] = self._reference_logprobs(mb)
+                outputs["ref_logprobs"] = self._reference_logprobs(mb, prefix)
             for name, value in outputs.items():
                 out[name][rows, :length] = value[: len(rows)]
         return out
@@ -339,9 +360,9 @@ class EPOModule(L.LightningModule):
         weight = 1.0 if len(rows) else 0.0
         rows = self._rows_or_first(rows)
         mb = batch.select(rows)
-        length = mb.input_ids.shape[1]
-        logprob, entropy = self._token_outputs(mb)
-        values = self.critic(mb.input_ids, mb.attention_mask) if self.critic is not None else None
+        length, prefix = mb.input_ids.shape[1], self._shared_prefix(mb)
+        logprob, entropy = self._token_outputs(mb, prefix)
+        values = self._values(mb, prefix) if self.critic is not None else None
         loss, terms = epo_objective(logprob, entropy, values, targets.select(rows, length), settings)
         poison = torch.where(torch.isfinite(loss.detach()), 1.0, float("nan"))  # 1, or NaN for a non-finite loss
         self.manual_backward(loss * (scale * weight) * poison)

@@ -39,6 +39,7 @@ SGD = [
     "optim.actor_lr=0.05", "optim.critic_lr=0.05", "optim.grad_clip=1e9", "optim.warmup_ratio=0", "total_steps=2",
     "algo.micro_batch_size=3",
 ]
+SHARED_PREFIX = [5, 6, 7, 8, 9, 10]
 
 
 def compose_cfg(model_dir: str, run_dir: str, *overrides: str) -> DictConfig:
@@ -50,19 +51,24 @@ def compose_cfg(model_dir: str, run_dir: str, *overrides: str) -> DictConfig:
     return cfg
 
 
-def rank_batches(rank: int, world: int) -> list[RolloutBatch]:
-    """Rank ``rank``'s share of two fixed RL steps: a contiguous slice of whole trajectories (and groups)."""
+def rank_batches(rank: int, world: int, prefixed: bool = False) -> list[RolloutBatch]:
+    """Rank ``rank``'s share of two fixed RL steps: a contiguous slice of whole trajectories (and groups).
+    ``prefixed``: the prompts of rank 0's steps and of the other ranks' first step start with the same
+    :data:`SHARED_PREFIX` (``model.shared_prefix``: then the ranks share a prefix at step 0, only rank 0 at step 1)."""
     share = TRAJECTORIES // world
     batches = []
     for seed in (1, 2):
-        episodes = synthetic_batch(500, seed=seed, trajectories=TRAJECTORIES).episodes
-        batches.append(collate_episodes(episodes[rank * share : (rank + 1) * share], 0, {"train/reward": 1.0}))
+        episodes = synthetic_batch(500, seed=seed, trajectories=TRAJECTORIES).episodes[rank * share : (rank + 1) * share]
+        if prefixed and (rank == 0 or seed == 1):
+            for turn in (t for episode in episodes for t in episode.turns):
+                turn.prompt_ids = SHARED_PREFIX + turn.prompt_ids
+        batches.append(collate_episodes(episodes, 0, {"train/reward": 1.0}))
     return batches
 
 
-def train_fixed(cfg: DictConfig, world: int, strategy: Any = None) -> dict[str, Any]:
-    """Two RL steps on this rank's fixed batches; returns the (full, gathered) parameters, metrics and the
-    entropy window. ``strategy``: Lightning's (default: ``ddp`` on several processes)."""
+def train_fixed(cfg: DictConfig, world: int, strategy: Any = None, prefixed: bool = False) -> dict[str, Any]:
+    """Two RL steps on this rank's fixed batches (:func:`rank_batches`); returns the (full, gathered) parameters,
+    metrics and the entropy window. ``strategy``: Lightning's (default: ``ddp`` on several processes)."""
     rank = int(os.environ.get("RANK", 0))  # torchrun's; the process group starts inside fit
     L.seed_everything(0)
     module = hydra.utils.instantiate(cfg.module)
@@ -74,7 +80,7 @@ def train_fixed(cfg: DictConfig, world: int, strategy: Any = None) -> dict[str, 
         use_distributed_sampler=False,  # the batches are this rank's already
         callbacks=[window, BetaSchedule(cfg.total_steps, cfg.algo.epo.beta)],
     )
-    batches = rank_batches(rank, world)
+    batches = rank_batches(rank, world, prefixed)
     trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None, collate_fn=lambda b: b))
     return {
         "params": dict(hf_weights(module)),

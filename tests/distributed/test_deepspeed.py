@@ -52,6 +52,16 @@ def test_zero_makes_the_ddp_update(ds_outputs, tiny_model_path, stage):
     assert_actor_moved(ddp, tiny_model_path)
 
 
+def test_zero3_with_a_shared_prefix_makes_the_ddp_update(ds_outputs):
+    """``model.shared_prefix=true`` under ZeRO-3 against plain DDP on prompts that start alike: the same update.
+    At step 1 only rank 0's rows share a prefix: a rank sharing alone would run the decoder twice per micro-batch
+    against the other's once, and the ZeRO-3 all-gathers of the two ranks would not pair up."""
+    ddp = load(ds_outputs / "prefixed-ddp-rank0.pt")
+    for rank in (0, 1):
+        zero = load(ds_outputs / f"prefixed-zero3-rank{rank}.pt")
+        assert_same_update(zero, ddp, ("loss/policy", "loss/entropy", "loss/value", "loss/smooth", "loss/total"))
+
+
 def test_ranks_with_different_micro_batch_counts_finish(ds_outputs):
     """Every ZeRO-3 forward all-gathers the shards: a rank with fewer micro-batches (here in the old-policy pass
     and the update of the first step) must still run as many passes, or the launch hangs past its timeout."""

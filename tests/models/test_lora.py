@@ -74,7 +74,7 @@ def test_without_lora_the_kl_reference_is_a_frozen_copy(compose_cfg, tiny_model_
     assert not module.reference.training and not any(p.requires_grad for p in module.reference.parameters())
     batch = response_batch(module.actor.config.vocab_size)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
-    torch.testing.assert_close(module._reference_logprobs(batch), logprobs(base, batch), atol=1e-5, rtol=0)
+    torch.testing.assert_close(module._reference_logprobs(batch, prefix=0), logprobs(base, batch), atol=1e-5, rtol=0)
 
 
 def test_the_kl_reference_is_the_base_model_with_the_adapter_disabled(compose_cfg, tiny_model_path):
@@ -85,7 +85,7 @@ def test_the_kl_reference_is_the_base_model_with_the_adapter_disabled(compose_cf
     batch = response_batch(module.actor.config.vocab_size)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     with torch.no_grad():
-        reference = module._reference_logprobs(batch)
+        reference = module._reference_logprobs(batch, prefix=0)
     torch.testing.assert_close(reference, logprobs(base, batch), atol=1e-5, rtol=0)
     assert not torch.allclose(logprobs(module.actor, batch), reference, atol=1e-3)  # the adapter is back on after
 

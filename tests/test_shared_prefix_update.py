@@ -1,0 +1,78 @@
+"""``model.shared_prefix=true`` in the module: the old-policy pass and one RL step's update give what the plain
+forward gives, and under ZeRO-3 the ranks agree on whether to share (each way runs the decoder a different number
+of times, and every ZeRO-3 forward all-gathers)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import hydra
+import pytest
+import torch
+
+from lightning_epo.rollout.batch import collate_episodes
+from tests.test_micro_batch_tokens import SGD
+from tests.test_module import fit_one_step, params, synthetic_batch
+
+SHARED = [5, 6, 7, 8, 9, 10]  # token ids every prompt starts with
+
+
+def prefixed_batch(vocab: int, seed: int):
+    """``synthetic_batch`` with :data:`SHARED` put before every prompt."""
+    episodes = synthetic_batch(vocab, seed=seed, trajectories=8).episodes
+    for episode in episodes:
+        for turn in episode.turns:
+            turn.prompt_ids = SHARED + turn.prompt_ids
+    return collate_episodes(episodes, pad_token_id=0, stats={"train/reward": 1.0})
+
+
+def test_old_policy_pass_gives_the_same_logprobs_entropies_values_and_reference(compose_cfg, monkeypatch):
+    outputs = []
+    for shared in ("false", "true"):
+        module = hydra.utils.instantiate(compose_cfg("algo=ppo_epo", "algo.kl_coef=0.1", "algo.micro_batch_size=5",
+                                                     f"model.shared_prefix={shared}").module)
+        module.configure_model()
+        monkeypatch.setattr(module, "_reduce", lambda t, op="sum": t)  # one process, no trainer
+        batch = prefixed_batch(module.actor.config.vocab_size, seed=4)
+        outputs.append(module._old_policy_pass(batch))
+    (plain, shared), real = outputs, batch.attention_mask.bool()
+    assert plain.keys() == shared.keys() == {"old_logprobs", "entropy", "old_values", "ref_logprobs"}
+    for name in plain:
+        torch.testing.assert_close(shared[name][real], plain[name][real], atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("variant", [["algo=ppo_epo"], ["algo=grpo_epo"], ["algo=ppo_epo", "model.lora.r=4"]],
+                         ids=["ppo_epo", "grpo_epo", "ppo_epo-lora"])
+def test_parameters_after_one_update_match_the_plain_forward(compose_cfg, monkeypatch, variant):
+    """Two PPO epochs of two mini-batches, several micro-batches each (actor, critic; LoRA adapters)."""
+    import lightning_epo.training.module as module_lib
+
+    base = [*variant, "algo.ppo_epochs=2", "algo.mini_batches=2", "algo.micro_batch_size=3", *SGD]
+    batches = [prefixed_batch(500, seed=5)]
+    prefixes, measure = [], module_lib.shared_prefix_length
+    monkeypatch.setattr(module_lib, "shared_prefix_length", lambda *a: prefixes.append(measure(*a)) or prefixes[-1])
+    results = []
+    for shared in ("false", "true"):
+        module, trainer = fit_one_step(compose_cfg(*base, f"model.shared_prefix={shared}"), batches)
+        results.append((params(module), {k: float(v) for k, v in trainer.callback_metrics.items()}))
+    assert prefixes and min(prefixes) >= len(SHARED)  # every micro-batch of the second run shared its prefix
+    (plain_p, plain_m), (shared_p, shared_m) = results
+    for name, value in plain_p.items():
+        torch.testing.assert_close(shared_p[name], value, atol=1e-6, rtol=1e-5, msg=name)
+    for key in ("loss/policy", "loss/entropy", "loss/total"):
+        assert shared_m[key] == pytest.approx(plain_m[key], rel=1e-5, abs=1e-7), key
+
+
+@pytest.mark.parametrize(("stage", "other_rank_shares", "expected"), [(3, False, 0), (3, True, 6), (2, False, 6)])
+def test_under_zero3_a_prefix_is_used_only_where_every_rank_has_one(compose_cfg, monkeypatch, stage, other_rank_shares,
+                                                                     expected):
+    import lightning_epo.training.module as module_lib
+
+    module = hydra.utils.instantiate(compose_cfg("algo=ppo_epo", "model.shared_prefix=true").module)
+    batch = prefixed_batch(500, seed=4)
+    rows = batch.select(torch.arange(4))
+    monkeypatch.setattr(module_lib, "zero_stage", lambda strategy: stage)
+    monkeypatch.setattr(module, "_trainer", SimpleNamespace(strategy=None))
+    monkeypatch.setattr(module, "_reduce", lambda t, op="sum": torch.minimum(t, torch.tensor(int(other_rank_shares)))
+                        if op == "min" else pytest.fail(op))
+    assert module._shared_prefix(rows) == expected
