@@ -1,26 +1,31 @@
-"""One RL step's update (old-policy pass + PPO epochs): row-count micro-batches vs a token budget.
+"""One RL step's update (old-policy pass + PPO epochs): row-count micro-batches, a token budget and a shared prefix.
 
 The batch is real: one rollout step collected from the shipped warm start (``model=tiny_gridworld``) with
 ``experiment=gridworld_learn``'s settings (32 episodes kept of 128 collected, temperature 0.6). The update runs
 the project's own ``EPOModule`` (PPO+EPO, actor and critic) under a Lightning ``Trainer``, with the recipe's
 ``ppo_epochs=2`` and ``mini_batches=4`` but ``target_kl=null`` (an early stop would end the arms after different
-amounts of work), on a Qwen2.5-shaped model with random weights: Qwen2.5's vocabulary (151936, tied embeddings),
-head size 64, 2 KV heads, MLP 5.5x the hidden size, but ``--hidden`` wide and ``--layers`` deep (a CPU must
-finish it). Arms, each on the same batch and the same initial weights:
+amounts of work). Model (``--model``): ``qwen``, a Qwen2.5-shaped model with random weights: Qwen2.5's vocabulary
+(151936, tied embeddings), head size 64, 2 KV heads, MLP 5.5x the hidden size, but ``--hidden`` wide and
+``--layers`` deep (a CPU must finish it); or ``recipe``, the recipe's own model (``model=tiny_gridworld``).
+Arms, each on the same batch and the same initial weights:
 
 - ``rows``: today's default, ``algo.micro_batch_size=16`` rows in a random order, each micro-batch padded to its
   longest row;
-- ``tokens``: ``algo.micro_batch_tokens=--budget``, rows sorted by length and cut by padded size.
+- ``tokens``: ``algo.micro_batch_tokens=--budget``, rows sorted by length and cut by padded size;
+- ``rows+prefix``, ``tokens+prefix``: the same with ``model.shared_prefix=true`` (each micro-batch's common
+  prefix computed once by actor and critic).
 
 Reported per arm: the medians of process CPU time (one torch thread: on a shared machine wall time also counts
 other jobs' time on the cores) and wall time of ``_old_policy_pass`` + ``_ppo_update``, the peak resident memory
 the update added (Linux ``VmHWM`` after resetting it, in one more untimed update per arm with glibc's mmap
-threshold fixed so that freed tensors leave the process), the tokens computed (padding included) and the achieved FLOP/s: ``2 N`` per real token for
-a forward pass and ``6 N`` for forward + backward, ``N`` the decoder's parameters without the embedding, for actor
-and critic, plus the output layer (``V d``) on response tokens; attention's own products are not counted. The
-peak is a large fp32 matmul timed in the same process. Arms alternate (rows, tokens, tokens, rows, ...).
+threshold fixed so that freed tensors leave the process), the tokens the decoders computed (padding included) and
+the FLOP/s of the update's work: ``2 N`` per real token for a forward pass and ``6 N`` for forward + backward, ``N``
+the decoder's parameters without the embedding, for actor and critic, plus the output layer (``V d``) on response
+tokens; attention's own products are not counted, and a shared prefix's tokens count for every row (the work
+the arm gets done, not the work it does). The peak is a large fp32 matmul timed in the same process. Arms run
+in turn, the order reversed on every other repeat.
 
-    python benchmarks/update.py [--repeats 2] [--budget 4096] [--hidden 128] [--layers 2] [--threads 1]
+    python benchmarks/update.py [--model qwen|recipe] [--repeats 2] [--budget 4096] [--hidden 128] [--layers 2]
 """
 
 from __future__ import annotations
@@ -66,8 +71,9 @@ def collect_batch() -> RolloutBatch:
         datamodule.teardown("fit")
 
 
-def qwen_shaped_dir(hidden: int, layers: int, path: Path) -> tuple[int, int]:
-    """Save a random Qwen2.5-shaped model at ``path``; returns (decoder parameters without embedding, hidden)."""
+def qwen_shaped_dir(hidden: int, layers: int, path: Path) -> tuple[int, int, int]:
+    """Save a random Qwen2.5-shaped model at ``path``; returns (decoder parameters without embedding, hidden,
+    vocabulary)."""
     config = Qwen2Config(vocab_size=QWEN_VOCAB, hidden_size=hidden, intermediate_size=hidden * 11 // 2,
                          num_hidden_layers=layers, num_attention_heads=hidden // 64, num_key_value_heads=2,
                          tie_word_embeddings=True, dtype="float32")
@@ -75,7 +81,7 @@ def qwen_shaped_dir(hidden: int, layers: int, path: Path) -> tuple[int, int]:
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(path)
     decoder = sum(p.numel() for p in model.model.parameters()) - model.model.embed_tokens.weight.numel()
-    return decoder, hidden
+    return decoder, hidden, QWEN_VOCAB
 
 
 def rss_kib(field: str) -> int:
@@ -114,8 +120,9 @@ def timed_update(cfg, batch: RolloutBatch) -> dict[str, float]:
 
 
 def tokens_computed(module_cfg, batch: RolloutBatch) -> int:
-    """Tokens the arm's micro-batches hold, padding included, over the old-policy pass and the PPO epochs
-    (actor; the critic computes as many)."""
+    """Tokens the arm's decoder passes hold, padding included, over the old-policy pass and the PPO epochs
+    (actor; the critic computes as many): per micro-batch rows x its longest row, or with a shared prefix of
+    ``P`` tokens ``P`` + rows x (its longest row - ``P``)."""
     module = hydra.utils.instantiate(module_cfg)
     module._reduce = lambda t, op="sum": t  # noqa: ARG005 - one process
     lengths = batch.attention_mask.sum(-1)
@@ -123,8 +130,11 @@ def tokens_computed(module_cfg, batch: RolloutBatch) -> int:
     groups = [[torch.arange(len(batch))]]
     for _ in range(module.algo.ppo_epochs):
         groups.append(list(torch.randperm(len(batch), generator=generator).tensor_split(module.algo.mini_batches)))
-    return sum(len(rows) * int(lengths[rows].max()) for group in groups
-               for mbs in module._micro_batches(batch, group) for rows in mbs if len(rows))
+    total = 0
+    for rows in (rows for group in groups for mbs in module._micro_batches(batch, group) for rows in mbs if len(rows)):
+        prefix = module._shared_prefix(batch.select(rows))
+        total += prefix + len(rows) * (int(lengths[rows].max()) - prefix)
+    return total
 
 
 def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
@@ -143,6 +153,7 @@ def _cpu_seconds(fn) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=("qwen", "recipe"), default="qwen")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--budget", type=int, default=4096)
     parser.add_argument("--hidden", type=int, default=128)
@@ -158,11 +169,22 @@ def main() -> None:
     print(f"batch: {len(batch)} turn rows, {lengths.min():.0f}-{lengths.max():.0f} tokens (mean {lengths.mean():.0f}), "
           f"{int(lengths.sum())} tokens, {response_tokens} response tokens")
 
-    model_dir = Path(tempfile.mkdtemp()) / "qwen_shaped"
-    decoder_params, hidden = qwen_shaped_dir(args.hidden, args.layers, model_dir)
-    base = [f"model.name_or_path={model_dir}", "model.tiny=null", "algo.target_kl=null", "seed=0", "total_steps=40"]
-    arms = {"rows": compose_cfg(*base), "tokens": compose_cfg(*base, f"algo.micro_batch_tokens={args.budget}")}
-    order = [name for i in range(args.repeats) for name in (("rows", "tokens") if i % 2 == 0 else ("tokens", "rows"))]
+    if args.model == "qwen":
+        model_dir = Path(tempfile.mkdtemp()) / "qwen_shaped"
+        decoder_params, hidden, vocab = qwen_shaped_dir(args.hidden, args.layers, model_dir)
+        base = [f"model.name_or_path={model_dir}", "model.tiny=null"]
+        model_line = (f"Qwen2.5-shaped d={hidden} L={args.layers}, {decoder_params / 1e6:.2f}M decoder parameters "
+                      f"(+{vocab * hidden / 1e6:.1f}M tied embedding)")
+    else:
+        actor = load_actor(compose_cfg().model)
+        hidden, vocab = actor.config.hidden_size, actor.config.vocab_size
+        decoder_params = sum(p.numel() for p in actor.get_decoder().parameters()) - vocab * hidden
+        base, model_line = [], f"the recipe's (tiny_gridworld, d={hidden}), {decoder_params / 1e6:.2f}M decoder parameters"
+    base += ["algo.target_kl=null", "seed=0", "total_steps=40"]
+    cuts = {"rows": [], "tokens": [f"algo.micro_batch_tokens={args.budget}"]}
+    arms = {f"{cut}{'+prefix' if shared else ''}": compose_cfg(*base, *extra, f"model.shared_prefix={str(shared).lower()}")
+            for shared in (False, True) for cut, extra in cuts.items()}
+    order = [name for i in range(args.repeats) for name in (list(arms) if i % 2 == 0 else list(arms)[::-1])]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
     for name in order:
         runs[name].append(timed_update(arms[name], batch))
@@ -173,19 +195,18 @@ def main() -> None:
 
     epochs = arms["rows"].algo.ppo_epochs
     real = float(lengths.sum())
-    flops = 2 * (2 * decoder_params * real) * (1 + 3 * epochs) + 2 * QWEN_VOCAB * hidden * response_tokens * (1 + 3 * epochs)
+    flops = 2 * (2 * decoder_params * real) * (1 + 3 * epochs) + 2 * vocab * hidden * response_tokens * (1 + 3 * epochs)
     peak = matmul_peak()
-    rows = []
+    rows, cpu = [], {name: median([r["cpu_s"] for r in runs[name]]) for name in arms}
     for name, cfg in arms.items():
-        cpu = median([r["cpu_s"] for r in runs[name]])
         computed = tokens_computed(cfg.module, batch)
-        rows.append([name, f"{computed} ({1 - real * (1 + epochs) / computed:.1%})", cpu,
+        rows.append([name, f"{computed} ({computed / (real * (1 + epochs)):.2f}x the real tokens)", cpu[name],
                      median([r["wall_s"] for r in runs[name]]), peak_mib[name],
-                     f"{flops / cpu / 1e9:.1f} ({flops / cpu / peak:.0%})"])
-    print(f"model: Qwen2.5-shaped d={args.hidden} L={args.layers}, {decoder_params / 1e6:.2f}M decoder parameters "
-          f"(+{QWEN_VOCAB * hidden / 1e6:.1f}M tied embedding); budget {args.budget}; matmul peak {peak / 1e9:.1f} GFLOP/s")
-    print_table(["arm", "tokens computed (padding)", "update CPU s", "update wall s", "peak MiB", "GFLOP/s (of peak)"], rows)
-    print(f"update_time_ratio {rows[1][2] / rows[0][2]:.3f}")
+                     f"{flops / cpu[name] / 1e9:.1f} ({flops / cpu[name] / peak:.0%})", f"{cpu[name] / cpu['rows']:.3f}"])
+    print(f"model: {model_line}; budget {args.budget}; matmul peak {peak / 1e9:.1f} GFLOP/s")
+    print_table(["arm", "tokens computed", "update CPU s", "update wall s", "peak MiB", "GFLOP/s (of peak)",
+                 "CPU time / rows"], rows)
+    print(f"update_time_ratio {cpu['tokens+prefix'] / cpu['rows']:.3f} (tokens+prefix / rows)")
 
 
 if __name__ == "__main__":

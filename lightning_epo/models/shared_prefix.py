@@ -85,11 +85,12 @@ def decoder_hidden_states(
         ``hidden [N, L, d]``: positions ``< prefix`` are the prefix's (the same tensor broadcast to every row),
         the rest each row's own. Equal to ``decoder(input_ids, attention_mask).last_hidden_state``.
     """
-    if prefix == 0:
-        return decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    if prefix == 0:  # use_cache=False: no generation cache (a copy of every layer's keys and values) is built
+        return decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     with _cache_kept_under_checkpointing(decoder):
         record = Cache(layer_class_to_replicate=_RecordingLayer)
-        head = decoder(input_ids=input_ids[:1, :prefix], past_key_values=record).last_hidden_state  # [1, P, d]
+        head = decoder(input_ids=input_ids[:1, :prefix], past_key_values=record, use_cache=False).last_hidden_state
         shared = Cache(layers=[_SharedPrefixLayer(layer.keys, layer.values, len(input_ids)) for layer in record.layers])
-        rest = decoder(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, past_key_values=shared)
+        rest = decoder(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, past_key_values=shared,
+                       use_cache=False)  # the layers read a cache given to them whatever use_cache says
     return torch.cat([head.expand(len(input_ids), -1, -1), rest.last_hidden_state], dim=1)
