@@ -13,17 +13,21 @@ Arms, each on the same batch and the same initial weights:
   longest row;
 - ``tokens``: ``algo.micro_batch_tokens=--budget``, rows sorted by length and cut by padded size;
 - ``rows+prefix``, ``tokens+prefix``: the same with ``model.shared_prefix=true`` (each micro-batch's common
-  prefix computed once by actor and critic).
+  prefix computed once by actor and critic);
+- ``tokens+prefix+fused``: and ``model.fused_output=true`` (the output layer applied chunk by chunk inside the
+  log-prob/entropy function).
+
+With ``--model qwen`` every arm sets ``model.logits_chunk_size=1024``, as the shipped Qwen2.5 configs do.
 
 Reported per arm: the medians of process CPU time (one torch thread: on a shared machine wall time also counts
 other jobs' time on the cores) and wall time of ``_old_policy_pass`` + ``_ppo_update``, the peak resident memory
 the update added (Linux ``VmHWM`` after resetting it, in one more untimed update per arm with glibc's mmap
-threshold fixed so that freed tensors leave the process), the tokens the decoders computed (padding included) and
-the FLOP/s of the update's work: ``2 N`` per real token for a forward pass and ``6 N`` for forward + backward, ``N``
-the decoder's parameters without the embedding, for actor and critic, plus the output layer (``V d``) on response
-tokens; attention's own products are not counted, and a shared prefix's tokens count for every row (the work
-the arm gets done, not the work it does). The peak is a large fp32 matmul timed in the same process. Arms run
-in turn, the order reversed on every other repeat.
+threshold fixed and its heap trimmed first, so that freed tensors leave the process), the tokens the decoders
+computed (padding included) and the FLOP/s of the update's work: ``2 N`` per real token for a forward pass and
+``6 N`` for forward + backward, ``N`` the decoder's parameters without the embedding, for actor and critic, plus the
+output layer (``V d``) on response tokens; attention's own products are not counted, and a shared prefix's tokens
+count for every row (the work the arm gets done, not the work it does). The peak is a large fp32 matmul timed in
+the same process. Arms run in turn, the order reversed on every other repeat.
 
     python benchmarks/update.py [--model qwen|recipe] [--repeats 2] [--budget 4096] [--hidden 128] [--layers 2]
 """
@@ -102,6 +106,7 @@ def timed_update(cfg, batch: RolloutBatch) -> dict[str, float]:
 
         def wrapper(*args, _inner=inner, _name=name, **kwargs):
             if _name == "_old_policy_pass":
+                ctypes.CDLL("libc.so.6").malloc_trim(0)  # earlier arms' freed heap back to the system: RSS is this arm's
                 Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
                 record["rss_before"] = rss_kib("VmRSS")
             cpu, wall = time.process_time(), time.perf_counter()
@@ -172,7 +177,7 @@ def main() -> None:
     if args.model == "qwen":
         model_dir = Path(tempfile.mkdtemp()) / "qwen_shaped"
         decoder_params, hidden, vocab = qwen_shaped_dir(args.hidden, args.layers, model_dir)
-        base = [f"model.name_or_path={model_dir}", "model.tiny=null"]
+        base = [f"model.name_or_path={model_dir}", "model.tiny=null", "model.logits_chunk_size=1024"]
         model_line = (f"Qwen2.5-shaped d={hidden} L={args.layers}, {decoder_params / 1e6:.2f}M decoder parameters "
                       f"(+{vocab * hidden / 1e6:.1f}M tied embedding)")
     else:
@@ -184,6 +189,7 @@ def main() -> None:
     cuts = {"rows": [], "tokens": [f"algo.micro_batch_tokens={args.budget}"]}
     arms = {f"{cut}{'+prefix' if shared else ''}": compose_cfg(*base, *extra, f"model.shared_prefix={str(shared).lower()}")
             for shared in (False, True) for cut, extra in cuts.items()}
+    arms["tokens+prefix+fused"] = compose_cfg(*base, *cuts["tokens"], "model.shared_prefix=true", "model.fused_output=true")
     order = [name for i in range(args.repeats) for name in (list(arms) if i % 2 == 0 else list(arms)[::-1])]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
     for name in order:
