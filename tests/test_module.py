@@ -38,6 +38,13 @@ def synthetic_batch(vocab: int, seed: int = 0, trajectories: int = 4):
     return collate_episodes(episodes, pad_token_id=0, stats={"train/reward": 1.0})
 
 
+def with_prompt_prefix(episodes, prefix: list[int]):
+    """``episodes`` with ``prefix`` put before every turn's prompt (in place), for ``model.shared_prefix``."""
+    for turn in (t for episode in episodes for t in episode.turns):
+        turn.prompt_ids = prefix + turn.prompt_ids
+    return episodes
+
+
 def fit_one_step(cfg, batches, seed=0):
     """Run ``len(batches)`` RL steps of the configured module on fixed batches; return the module."""
     L.seed_everything(seed)

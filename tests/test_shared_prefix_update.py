@@ -11,18 +11,14 @@ import pytest
 import torch
 
 from lightning_epo.rollout.batch import collate_episodes
+from tests.distributed.ddp_worker import SHARED_PREFIX as SHARED
 from tests.test_micro_batch_tokens import SGD
-from tests.test_module import fit_one_step, params, synthetic_batch
-
-SHARED = [5, 6, 7, 8, 9, 10]  # token ids every prompt starts with
+from tests.test_module import fit_one_step, params, synthetic_batch, with_prompt_prefix
 
 
 def prefixed_batch(vocab: int, seed: int):
     """``synthetic_batch`` with :data:`SHARED` put before every prompt."""
-    episodes = synthetic_batch(vocab, seed=seed, trajectories=8).episodes
-    for episode in episodes:
-        for turn in episode.turns:
-            turn.prompt_ids = SHARED + turn.prompt_ids
+    episodes = with_prompt_prefix(synthetic_batch(vocab, seed=seed, trajectories=8).episodes, SHARED)
     return collate_episodes(episodes, pad_token_id=0, stats={"train/reward": 1.0})
 
 

@@ -201,7 +201,7 @@ class EPOModule(L.LightningModule):
         (two passes with a prefix, one without): a prefix is used only where every rank has one."""
         if not self.model_cfg.get("shared_prefix", False):
             return 0
-        prefix = shared_prefix_length(mb.input_ids, mb.attention_mask)
+        prefix = shared_prefix_length(mb.input_ids, mb.attention_mask) if len(mb) > 1 else 0  # one row: nothing to share
         zero3 = self._trainer is not None and zero_stage(self.trainer.strategy) == 3
         if zero3 and self._reduce(torch.tensor(int(prefix > 0), device=self.device), "min") == 0:
             return 0
@@ -222,10 +222,6 @@ class EPOModule(L.LightningModule):
             self.model_cfg.get("fused_output", False),
             prefix,
         )
-
-    def _values(self, mb: RolloutBatch, prefix: int) -> torch.Tensor:
-        """The critic's values ``[n, L]`` of ``mb``'s states."""
-        return self.critic(mb.input_ids, mb.attention_mask, prefix)
 
     def _reference_logprobs(self, mb: RolloutBatch, prefix: int) -> torch.Tensor:
         """``mb``'s response log-probs under the frozen reference: the reference model, or with LoRA the actor
@@ -251,7 +247,7 @@ class EPOModule(L.LightningModule):
             length, prefix = mb.input_ids.shape[1], self._shared_prefix(mb)
             outputs = dict(zip(("old_logprobs", "entropy"), self._token_outputs(mb, prefix)))
             if self.critic is not None:
-                outputs["old_values"] = self._values(mb, prefix)
+                outputs["old_values"] = self.critic(mb.input_ids, mb.attention_mask, prefix)
             if "ref_logprobs" in out:
                 outputs["ref_logprobs"] = self._reference_logprobs(mb, prefix)
             for name, value in outputs.items():
@@ -362,7 +358,7 @@ class EPOModule(L.LightningModule):
         mb = batch.select(rows)
         length, prefix = mb.input_ids.shape[1], self._shared_prefix(mb)
         logprob, entropy = self._token_outputs(mb, prefix)
-        values = self._values(mb, prefix) if self.critic is not None else None
+        values = self.critic(mb.input_ids, mb.attention_mask, prefix) if self.critic is not None else None
         loss, terms = epo_objective(logprob, entropy, values, targets.select(rows, length), settings)
         poison = torch.where(torch.isfinite(loss.detach()), 1.0, float("nan"))  # 1, or NaN for a non-finite loss
         self.manual_backward(loss * (scale * weight) * poison)

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 from lightning_epo.callbacks import BetaSchedule, EntropyWindow
 from lightning_epo.models.weights import hf_weights
 from lightning_epo.rollout.batch import RolloutBatch, collate_episodes
-from tests.test_module import synthetic_batch
+from tests.test_module import synthetic_batch, with_prompt_prefix
 
 REPO = Path(__file__).resolve().parents[2]
 TRAJECTORIES = 8  # synthetic trajectories per RL step, all ranks together (groups of 2)
@@ -60,8 +60,7 @@ def rank_batches(rank: int, world: int, prefixed: bool = False) -> list[RolloutB
     for seed in (1, 2):
         episodes = synthetic_batch(500, seed=seed, trajectories=TRAJECTORIES).episodes[rank * share : (rank + 1) * share]
         if prefixed and (rank == 0 or seed == 1):
-            for turn in (t for episode in episodes for t in episode.turns):
-                turn.prompt_ids = SHARED_PREFIX + turn.prompt_ids
+            with_prompt_prefix(episodes, SHARED_PREFIX)
         batches.append(collate_episodes(episodes, 0, {"train/reward": 1.0}))
     return batches
 

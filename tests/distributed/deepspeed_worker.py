@@ -48,9 +48,12 @@ def main(model_dir: str, out_dir: str) -> None:
         result = train_fixed(cfg, world=2, strategy=strategy(name, cfg.optim.grad_clip))
         torch.save(result, out / f"fixed-{name}-rank{rank}.pt")
     shared = compose_cfg(model_dir, f"{out_dir}/fixed", "algo=ppo_epo", *SGD, "model.shared_prefix=true")
+    prefixes, choose = [], module_lib.EPOModule._shared_prefix  # the prefix each micro-batch used, saved with the run
+    module_lib.EPOModule._shared_prefix = lambda self, mb: prefixes.append(choose(self, mb)) or prefixes[-1]
     for name, name_cfg in (("ddp", cfg), ("zero3", shared)):
         result = train_fixed(name_cfg, world=2, strategy=strategy(name, cfg.optim.grad_clip), prefixed=True)
-        torch.save(result, out / f"prefixed-{name}-rank{rank}.pt")
+        torch.save({**result, "prefixes": prefixes}, out / f"prefixed-{name}-rank{rank}.pt")
+    module_lib.EPOModule._shared_prefix = choose
     real_objective, poison = module_lib.epo_objective, PoisonFrom(step=0)
     poison.on = True  # at every step (not registered as a callback)
     module_lib.epo_objective = nan_loss_objective(poison)

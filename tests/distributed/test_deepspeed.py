@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.distributed.ddp_worker import rank_batches
+from tests.distributed.ddp_worker import SHARED_PREFIX, rank_batches
 from tests.distributed.test_ddp import assert_actor_moved, assert_same_update, launch, load
 
 pytestmark = pytest.mark.deepspeed
@@ -57,9 +57,12 @@ def test_zero3_with_a_shared_prefix_makes_the_ddp_update(ds_outputs):
     At step 1 only rank 0's rows share a prefix: a rank sharing alone would run the decoder twice per micro-batch
     against the other's once, and the ZeRO-3 all-gathers of the two ranks would not pair up."""
     ddp = load(ds_outputs / "prefixed-ddp-rank0.pt")
+    assert not any(ddp["prefixes"])  # the DDP reference is the plain forward
     for rank in (0, 1):
         zero = load(ds_outputs / f"prefixed-zero3-rank{rank}.pt")
         assert_same_update(zero, ddp, ("loss/policy", "loss/entropy", "loss/value", "loss/smooth", "loss/total"))
+        used = zero["prefixes"][len(ddp["prefixes"]):]
+        assert max(used) >= len(SHARED_PREFIX) and 0 in used  # shared at step 0, not where only rank 0 could
 
 
 def test_ranks_with_different_micro_batch_counts_finish(ds_outputs):
