@@ -1,4 +1,5 @@
-"""One RL step's update (old-policy pass + PPO epochs): row-count micro-batches, a token budget and a shared prefix.
+"""One RL step's update (old-policy pass + PPO epochs): row-count micro-batches, a token budget, a shared prefix and
+folded turns.
 
 The batch is real: one rollout step collected from the shipped warm start (``model=tiny_gridworld``) with
 ``experiment=gridworld_learn``'s settings (32 episodes kept of 128 collected, temperature 0.6). The update runs
@@ -14,8 +15,11 @@ Arms, each on the same batch and the same initial weights:
 - ``tokens``: ``algo.micro_batch_tokens=--budget``, rows sorted by length and cut by padded size;
 - ``rows+prefix``, ``tokens+prefix``: the same with ``model.shared_prefix=true`` (each micro-batch's common
   prefix computed once by actor and critic);
-- ``tokens+prefix+fused``: and ``model.fused_output=true`` (the output layer applied chunk by chunk inside the
-  log-prob/entropy function).
+- ``tokens+fold``, ``tokens+prefix+fold``: the token budget (with and without the prefix) and
+  ``model.fold_turns=true`` (a row that begins a longer row of its mini-batch, an earlier turn of the same episode,
+  is read from that row's forward; the budget counts the rows computed);
+- ``tokens+prefix+fused``: the token budget, the prefix and ``model.fused_output=true`` (the output layer applied
+  chunk by chunk inside the log-prob/entropy function).
 
 With ``--model qwen`` every arm sets ``model.logits_chunk_size=1024``, as the shipped Qwen2.5 configs do.
 
@@ -126,8 +130,8 @@ def timed_update(cfg, batch: RolloutBatch) -> dict[str, float]:
 
 def tokens_computed(module_cfg, batch: RolloutBatch) -> int:
     """Tokens the arm's decoder passes hold, padding included, over the old-policy pass and the PPO epochs
-    (actor; the critic computes as many): per micro-batch rows x its longest row, or with a shared prefix of
-    ``P`` tokens ``P`` + rows x (its longest row - ``P``)."""
+    (actor; the critic computes as many): per micro-batch rows computed x its longest row, or with a shared prefix
+    of ``P`` tokens ``P`` + rows computed x (its longest row - ``P``); folded, only the hosts are computed."""
     module = hydra.utils.instantiate(module_cfg)
     module._reduce = lambda t, op="sum": t  # noqa: ARG005 - one process
     lengths = batch.attention_mask.sum(-1)
@@ -137,8 +141,9 @@ def tokens_computed(module_cfg, batch: RolloutBatch) -> int:
         groups.append(list(torch.randperm(len(batch), generator=generator).tensor_split(module.algo.mini_batches)))
     total = 0
     for rows in (rows for group in groups for mbs in module._micro_batches(batch, group) for rows in mbs if len(rows)):
-        prefix = module._shared_prefix(batch.select(rows))
-        total += prefix + len(rows) * (int(lengths[rows].max()) - prefix)
+        sharing = module._sharing(batch.select(rows))
+        computed = len(rows) if sharing.hosts is None else len(sharing.hosts.unique())
+        total += sharing.prefix + computed * (int(lengths[rows].max()) - sharing.prefix)
     return total
 
 
@@ -186,10 +191,12 @@ def main() -> None:
         decoder_params = sum(p.numel() for p in actor.get_decoder().parameters()) - vocab * hidden
         base, model_line = [], f"the recipe's (tiny_gridworld, d={hidden}), {decoder_params / 1e6:.2f}M decoder parameters"
     base += ["algo.target_kl=null", "seed=0", "total_steps=40"]
-    cuts = {"rows": [], "tokens": [f"algo.micro_batch_tokens={args.budget}"]}
-    arms = {f"{cut}{'+prefix' if shared else ''}": compose_cfg(*base, *extra, f"model.shared_prefix={str(shared).lower()}")
-            for shared in (False, True) for cut, extra in cuts.items()}
-    arms["tokens+prefix+fused"] = compose_cfg(*base, *cuts["tokens"], "model.shared_prefix=true", "model.fused_output=true")
+    tokens, prefix, fold = f"algo.micro_batch_tokens={args.budget}", "model.shared_prefix=true", "model.fold_turns=true"
+    arms = {name: compose_cfg(*base, *extra) for name, extra in {
+        "rows": [], "tokens": [tokens], "rows+prefix": [prefix], "tokens+prefix": [tokens, prefix],
+        "tokens+fold": [tokens, fold], "tokens+prefix+fold": [tokens, prefix, fold],
+        "tokens+prefix+fused": [tokens, prefix, "model.fused_output=true"],
+    }.items()}
     order = [name for i in range(args.repeats) for name in (list(arms) if i % 2 == 0 else list(arms)[::-1])]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
     for name in order:
@@ -212,7 +219,7 @@ def main() -> None:
     print(f"model: {model_line}; budget {args.budget}; matmul peak {peak / 1e9:.1f} GFLOP/s")
     print_table(["arm", "tokens computed", "update CPU s", "update wall s", "peak MiB", "GFLOP/s (of peak)",
                  "CPU time / rows"], rows)
-    print(f"update_time_ratio {cpu['tokens+prefix'] / cpu['rows']:.3f} (tokens+prefix / rows)")
+    print(f"update_time_ratio {cpu['tokens+prefix+fold'] / cpu['rows']:.3f} (tokens+prefix+fold / rows)")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,15 @@ def with_prompt_prefix(episodes, prefix: list[int]):
     return episodes
 
 
+def with_history(episodes):
+    """``episodes`` whose turns' prompts carry the episode's earlier turns, token for token (in place), as the
+    environments' prompts do: each turn's row then begins the next one's (``model.fold_turns``)."""
+    for episode in episodes:
+        for before, turn in zip(episode.turns, episode.turns[1:]):
+            turn.prompt_ids = before.prompt_ids + before.response_ids + turn.prompt_ids
+    return episodes
+
+
 def fit_one_step(cfg, batches, seed=0):
     """Run ``len(batches)`` RL steps of the configured module on fixed batches; return the module."""
     L.seed_everything(seed)
@@ -98,8 +107,8 @@ def test_micro_batch_accumulation_equals_full_batch(compose_cfg, algo, agg):
     for p, m in others:
         for name in p_full:
             assert torch.allclose(p_full[name], p[name], atol=1e-6, rtol=1e-4), name
-        for key in ("loss/policy", "loss/entropy", "loss/smooth", "loss/total"):
-            assert m[key] == pytest.approx(m_full[key], rel=1e-5, abs=1e-7), key
+        for key in ("loss/policy", "loss/entropy", "loss/smooth", "loss/total"):  # GRPO's policy loss is ~0: its
+            assert m[key] == pytest.approx(m_full[key], rel=1e-5, abs=1e-6), key  # float32 rounding ~1e-7, by order
 
 
 def test_missing_epo_callbacks_fail_with_a_clear_message(compose_cfg):

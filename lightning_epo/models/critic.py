@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from lightning_epo.models.shared_prefix import decoder_hidden_states
+from lightning_epo.models.shared_prefix import Sharing, decoder_hidden_states
 from lightning_epo.models.weights import gathered
 
 
@@ -43,9 +43,9 @@ class ValueModel(torch.nn.Module):
         """Recompute the backbone's activations in the backward pass (``model.gradient_checkpointing``)."""
         self.backbone.gradient_checkpointing_enable()
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int = 0) -> torch.Tensor:
-        """Values of the states before each token (the rows' first ``prefix`` tokens, which they all
-        share, computed once: lightning_epo/models/shared_prefix.py; the same values).
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sharing: Sharing = Sharing()) -> torch.Tensor:
+        """Values of the states before each token (the tokens the rows share computed once, ``sharing``:
+        lightning_epo/models/shared_prefix.py; the same values at real positions).
 
         Args:
             input_ids: ``[N, L]`` token ids.
@@ -53,7 +53,7 @@ class ValueModel(torch.nn.Module):
         Returns:
             ``values [N, L]`` float32, ``values[:, 0] = 0``; ``values[:, p] = head(hidden[:, p-1])``.
         """
-        hidden = decoder_hidden_states(self.backbone, input_ids, attention_mask, prefix)  # [N, L, d]
+        hidden = decoder_hidden_states(self.backbone, input_ids, attention_mask, sharing)  # [N, L, d]
         weight, bias = self.head.weight.float(), self.head.bias.float()  # [1, d], [1]
         after = F.linear(hidden[:, :-1].float(), weight, bias).squeeze(-1)  # [N, L-1]: V(s_p) for p = 1..L-1
         return F.pad(after, (1, 0))  # [N, L]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from lightning_epo.algos.entropy import fused_output_logprobs_and_entropy, token_logprobs_and_entropy
-from lightning_epo.models.shared_prefix import decoder_hidden_states
+from lightning_epo.models.shared_prefix import Sharing, decoder_hidden_states
 
 
 def response_positions(response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,7 +32,7 @@ def actor_token_outputs(
     chunk_size: int | None = None,
     temperature: float = 1.0,
     fused: bool = False,
-    prefix: int = 0,
+    sharing: Sharing = Sharing(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each generated token (Eq. 3's ratio input) and the policy entropy at that position (Eq. 4's H).
 
@@ -47,15 +47,16 @@ def actor_token_outputs(
     and run under ZeRO-3, whose partitioned output weight the fused path cannot read (it refuses it), and the
     extra product is a time cost to opt into. Off by default: today's path, today's numbers.
 
-    ``prefix`` (``model.shared_prefix``): the decoder computes the rows' first ``prefix`` tokens, which they all share,
-    once (lightning_epo/models/shared_prefix.py); the hidden states, and so everything returned, are the same.
+    ``sharing`` (``model.shared_prefix``, ``model.fold_turns``): the decoder computes the tokens the rows share once
+    (lightning_epo/models/shared_prefix.py); the hidden states at real positions, and so everything returned, are the
+    same.
 
     Args:
         input_ids, attention_mask, response_mask: ``[N, L]``.
     Returns:
         ``logprob [N, L]`` and ``entropy [N, L]`` (float32, 0 off the response mask).
     """
-    hidden = decoder_hidden_states(actor.get_decoder(), input_ids, attention_mask, prefix)  # [N, L, d]
+    hidden = decoder_hidden_states(actor.get_decoder(), input_ids, attention_mask, sharing)  # [N, L, d]
     rows, cols = response_positions(response_mask)
     head, labels = actor.get_output_embeddings(), input_ids[rows, cols]
     if fused:

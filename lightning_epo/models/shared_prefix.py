@@ -1,12 +1,18 @@
-"""A micro-batch's common prefix computed once (``model.shared_prefix``).
+"""Tokens a micro-batch's rows share, computed once (``model.shared_prefix``, ``model.fold_turns``).
 
 Every row of an RL step starts with the same system prompt and instructions, and the rows of one group with the
 same task: in gridworld_learn's batches the prefix all rows of a micro-batch share is 61-66 of their ~230 tokens.
 :func:`decoder_hidden_states` runs the decoder on that prefix once (batch 1), then on each row's remainder with
 the prefix's keys and values as a read-only cache expanded to the rows; gradients flow back into the prefix
-through the cached keys and values (and the prefix's hidden states, which are broadcast back to every row). The
-result equals the plain forward's (test: ``tests/models/test_shared_prefix.py``), so everything downstream (output
-layer, value head, loss) is unchanged; only the decoder computes fewer tokens.
+through the cached keys and values (and the prefix's hidden states, which are broadcast back to every row).
+
+A turn's row whose prompt carries the episode's history begins every later turn's row of the episode, token for
+token, and causal attention gives a sequence the hidden states of any longer sequence it begins; so with
+``hosts`` (:func:`prefix_hosts`) only the rows that begin no other are run, and each row reads its
+hidden states from its host's (a gather, whose backward adds the rows' gradients into the host's).
+
+The result equals the plain forward's at every real position (test: ``tests/models/test_shared_prefix.py``), so
+everything downstream (output layer, value head, loss) is unchanged; only the decoder computes fewer tokens.
 
 transformers drops a cache under gradient checkpointing (a layer that writes its cache would write it again on
 the backward's replay). Both caches here are replay-safe (the prefix pass's records by assignment, the rows'
@@ -17,11 +23,24 @@ pass only reads), so while they run the decoder layers are told they may keep th
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """What a micro-batch's decoder pass computes once.
+
+    ``prefix``: the leading tokens every computed row shares (:func:`shared_prefix_length` of those rows; 0: none).
+    ``hosts``: ``[N]`` or None, the row each row's hidden states are read from (:func:`prefix_hosts`, indices
+    into the micro-batch); only the hosts are computed."""
+
+    prefix: int = 0
+    hosts: torch.Tensor | None = None
 
 
 class _RecordingLayer(DynamicLayer):
@@ -58,6 +77,24 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor) 
     return min(int(differs[0]) if len(differs) else len(same), len(same) - 1)
 
 
+def prefix_hosts(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """For each row of ``input_ids [N, L]``, the row whose forward gives its hidden states: the longest row that its
+    real tokens (``attention_mask`` 1, right-padded) begin; itself if none does (of identical rows, one). With causal
+    attention a sequence's hidden states are those of any longer sequence it begins, so the host's forward serves
+    both: an earlier turn of an episode whose prompts carry the history begins each later turn's row.
+
+    Sorted lexicographically, a row that begins other rows begins the row right after it, so hosts chain from the
+    end (``O(N log N)`` comparisons). Returns ``hosts [N]`` (long, row indices; every host is its own host)."""
+    lengths = attention_mask.sum(-1).tolist()
+    tokens = [tuple(ids[:length]) for ids, length in zip(input_ids.tolist(), lengths)]
+    order = sorted(range(len(tokens)), key=tokens.__getitem__)
+    host = list(range(len(tokens)))
+    for shorter, longer in zip(reversed(order[:-1]), reversed(order[1:])):
+        if tokens[longer][: len(tokens[shorter])] == tokens[shorter]:
+            host[shorter] = host[longer]
+    return torch.tensor(host, dtype=torch.long, device=input_ids.device)
+
+
 @contextmanager
 def _cache_kept_under_checkpointing(decoder: torch.nn.Module) -> Iterator[None]:
     """Let ``decoder``'s layers keep the (replay-safe) caches of this module while gradient checkpointing is on."""
@@ -72,19 +109,31 @@ def _cache_kept_under_checkpointing(decoder: torch.nn.Module) -> Iterator[None]:
 
 
 def decoder_hidden_states(
-    decoder: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int = 0
+    decoder: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, sharing: Sharing = Sharing()
 ) -> torch.Tensor:
-    """The decoder's last hidden states, the rows' first ``prefix`` tokens computed once.
+    """The decoder's last hidden states, the rows' shared tokens computed once (:class:`Sharing`).
 
-    ``decoder`` is a headless transformers decoder (``model.get_decoder()``, a critic's backbone). ``prefix`` is
-    at most :func:`shared_prefix_length`; 0 is the plain forward (one decoder pass instead of two).
+    ``decoder`` is a headless transformers decoder (``model.get_decoder()``, a critic's backbone). With no sharing
+    this is the plain forward (one decoder pass; a prefix adds a second, on one row).
 
     Args:
         input_ids, attention_mask: ``[N, L]``.
     Returns:
-        ``hidden [N, L, d]``: positions ``< prefix`` are the prefix's (the same tensor broadcast to every row),
-        the rest each row's own. Equal to ``decoder(input_ids, attention_mask).last_hidden_state``.
+        ``hidden [N, L, d]``, equal to ``decoder(input_ids, attention_mask).last_hidden_state`` at every real
+        position. Positions ``< prefix`` are the prefix's (one tensor broadcast to every row); a row read from its
+        host holds the host's states past its own end, where the plain forward holds padding's.
     """
+    if sharing.hosts is None:
+        return _computed_hidden_states(decoder, input_ids, attention_mask, sharing.prefix)
+    computed, host_of_row = sharing.hosts.unique(return_inverse=True)  # [H], [N] with computed[host_of_row] = hosts
+    hidden = _computed_hidden_states(decoder, input_ids[computed], attention_mask[computed], sharing.prefix)
+    return hidden[host_of_row]  # [N, L, d]: the longest row is a host, so L is the rows' length
+
+
+def _computed_hidden_states(
+    decoder: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int
+) -> torch.Tensor:
+    """``hidden [N, L, d]`` of ``input_ids [N, L]``, the first ``prefix`` tokens (all rows' alike) computed once."""
     if prefix == 0:  # use_cache=False: no generation cache (a copy of every layer's keys and values) is built
         return decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     with _cache_kept_under_checkpointing(decoder):

@@ -59,7 +59,7 @@ from lightning_epo.core.seeding import seed_rl_step
 from lightning_epo.models.loading import load_actor, load_critic, load_reference
 from lightning_epo.models.lora import is_lora
 from lightning_epo.models.policy_outputs import actor_token_outputs
-from lightning_epo.models.shared_prefix import shared_prefix_length
+from lightning_epo.models.shared_prefix import Sharing, prefix_hosts, shared_prefix_length
 from lightning_epo.models.weights import local_values
 from lightning_epo.rollout.batch import RolloutBatch
 from lightning_epo.training.checkpoint_io import newest_checkpoint
@@ -150,16 +150,27 @@ class EPOModule(L.LightningModule):
     def _micro_batches(self, batch: RolloutBatch, groups: list[torch.Tensor]) -> list[list[torch.Tensor]]:
         """Each of ``groups`` (row indices of ``batch``) cut into micro-batches: of at most ``algo.micro_batch_size``
         rows, or with ``algo.micro_batch_tokens`` sorted by length and packed up to that many tokens of padded size
-        (:meth:`RolloutBatch.split_by_tokens`). As many micro-batches as the rank that needs the most (here some may
-        be empty, see :meth:`_rows_or_first`): DDP and DeepSpeed reduce gradients in every backward pass and every
-        ZeRO-3 forward all-gathers the parameter shards, so all ranks must run the same number of passes."""
+        (:meth:`RolloutBatch.split_by_tokens`). With ``model.fold_turns`` the rows cut are the group's hosts
+        (:func:`prefix_hosts`, the rows the decoders compute) and each row joins its host's
+        micro-batch. As many micro-batches as the rank that needs the most (here some may be empty, see
+        :meth:`_rows_or_first`): DDP and DeepSpeed reduce gradients in every backward pass and every ZeRO-3 forward
+        all-gathers the parameter shards, so all ranks must run the same number of passes."""
+        fold = self.model_cfg.get("fold_turns", False)
+        hosts = [rows[prefix_hosts(batch.input_ids[rows], batch.attention_mask[rows])] if fold else rows
+                 for rows in groups]  # [n] per group: batch indices
+        computed = [group_hosts.unique() if fold else rows for rows, group_hosts in zip(groups, hosts)]
         budget = self.algo.get("micro_batch_tokens")
         if budget is None:  # rows spread evenly over the passes
-            counts = self._most_passes([math.ceil(len(rows) / self.algo.micro_batch_size) for rows in groups])
-            return [list(rows.tensor_split(count)) for rows, count in zip(groups, counts)]
-        cuts = [batch.split_by_tokens(rows, budget) for rows in groups]
-        counts = self._most_passes([len(cut) for cut in cuts])
-        return [cut + [rows[:0]] * (count - len(cut)) for rows, cut, count in zip(groups, cuts, counts)]
+            counts = self._most_passes([math.ceil(len(rows) / self.algo.micro_batch_size) for rows in computed])
+            cuts = [list(rows.tensor_split(count)) for rows, count in zip(computed, counts)]
+        else:
+            cuts = [batch.split_by_tokens(rows, budget) for rows in computed]
+            counts = self._most_passes([len(cut) for cut in cuts])
+            cuts = [cut + [rows[:0]] * (count - len(cut)) for rows, cut, count in zip(computed, cuts, counts)]
+        if not fold:
+            return cuts
+        return [[rows[torch.isin(group_hosts, cut)] for cut in group_cuts]  # each row beside its host
+                for rows, group_hosts, group_cuts in zip(groups, hosts, cuts)]
 
     def _most_passes(self, local: list[int]) -> list[int]:
         """The largest of each of this rank's pass counts ``local`` over all ranks (at least 1)."""
@@ -195,23 +206,30 @@ class EPOModule(L.LightningModule):
             entropy_ref=inputs.entropy_ref,
         )
 
-    def _shared_prefix(self, mb: RolloutBatch) -> int:
-        """The tokens at the start of ``mb``'s rows that the decoders compute once (``model.shared_prefix``; 0: off).
-        Every ZeRO-3 forward all-gathers the parameter shards, so there all ranks must run the decoder as many times
-        (two passes with a prefix, one without): a prefix is used only where every rank has one."""
+    def _sharing(self, mb: RolloutBatch) -> Sharing:
+        """What the decoders compute once in ``mb``: with ``model.fold_turns`` only the rows that begin no other
+        (:func:`prefix_hosts`), with ``model.shared_prefix`` the leading tokens of those rows (0 for
+        one row: nothing to share). Every ZeRO-3 forward all-gathers the parameter shards, so there all ranks must
+        run the decoder as many times (two passes with a prefix, one without): a prefix is used only where every
+        rank has one. Folding changes no pass count."""
+        hosts = prefix_hosts(mb.input_ids, mb.attention_mask) if self.model_cfg.get("fold_turns", False) else None
+        rows = torch.arange(len(mb), device=mb.input_ids.device)
+        if hosts is not None and bool((hosts == rows).all()):
+            hosts = None  # nothing folds: no gather
         if not self.model_cfg.get("shared_prefix", False):
-            return 0
-        prefix = shared_prefix_length(mb.input_ids, mb.attention_mask) if len(mb) > 1 else 0  # one row: nothing to share
+            return Sharing(hosts=hosts)
+        computed = rows if hosts is None else hosts.unique()
+        prefix = shared_prefix_length(mb.input_ids[computed], mb.attention_mask[computed]) if len(computed) > 1 else 0
         zero3 = self._trainer is not None and zero_stage(self.trainer.strategy) == 3
         if zero3 and self._reduce(torch.tensor(int(prefix > 0), device=self.device), "min") == 0:
-            return 0
-        return prefix
+            prefix = 0
+        return Sharing(prefix, hosts)
 
     def _token_outputs(
-        self, mb: RolloutBatch, prefix: int, model: torch.nn.Module | None = None
+        self, mb: RolloutBatch, sharing: Sharing, model: torch.nn.Module | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs and entropies ``[n, L]`` of ``mb``'s response tokens under ``model`` (the actor by default),
-        its first ``prefix`` tokens computed once (:meth:`_shared_prefix`)."""
+        its shared tokens computed once (:meth:`_sharing`)."""
         return actor_token_outputs(
             model if model is not None else self.actor,
             mb.input_ids,
@@ -220,16 +238,16 @@ class EPOModule(L.LightningModule):
             self.model_cfg.get("logits_chunk_size"),
             self.hparams.train_temperature,
             self.model_cfg.get("fused_output", False),
-            prefix,
+            sharing,
         )
 
-    def _reference_logprobs(self, mb: RolloutBatch, prefix: int) -> torch.Tensor:
+    def _reference_logprobs(self, mb: RolloutBatch, sharing: Sharing) -> torch.Tensor:
         """``mb``'s response log-probs under the frozen reference: the reference model, or with LoRA the actor
         with its adapter disabled (the same frozen base)."""
         if self.reference is not None:
-            return self._token_outputs(mb, prefix, self.reference)[0]
+            return self._token_outputs(mb, sharing, self.reference)[0]
         with self.actor.disable_adapter():
-            return self._token_outputs(mb, prefix)[0]
+            return self._token_outputs(mb, sharing)[0]
 
     # ----------------------------------------------------------------- old-policy pass
     @torch.no_grad()
@@ -244,12 +262,12 @@ class EPOModule(L.LightningModule):
         (micro_batches,) = self._micro_batches(batch, [torch.arange(len(batch), device=self.device)])
         for rows in micro_batches:
             mb = batch.select(self._rows_or_first(rows))
-            length, prefix = mb.input_ids.shape[1], self._shared_prefix(mb)
-            outputs = dict(zip(("old_logprobs", "entropy"), self._token_outputs(mb, prefix)))
+            length, sharing = mb.input_ids.shape[1], self._sharing(mb)
+            outputs = dict(zip(("old_logprobs", "entropy"), self._token_outputs(mb, sharing)))
             if self.critic is not None:
-                outputs["old_values"] = self.critic(mb.input_ids, mb.attention_mask, prefix)
+                outputs["old_values"] = self.critic(mb.input_ids, mb.attention_mask, sharing)
             if "ref_logprobs" in out:
-                outputs["ref_logprobs"] = self._reference_logprobs(mb, prefix)
+                outputs["ref_logprobs"] = self._reference_logprobs(mb, sharing)
             for name, value in outputs.items():
                 out[name][rows, :length] = value[: len(rows)]
         return out
@@ -356,9 +374,9 @@ class EPOModule(L.LightningModule):
         weight = 1.0 if len(rows) else 0.0
         rows = self._rows_or_first(rows)
         mb = batch.select(rows)
-        length, prefix = mb.input_ids.shape[1], self._shared_prefix(mb)
-        logprob, entropy = self._token_outputs(mb, prefix)
-        values = self.critic(mb.input_ids, mb.attention_mask, prefix) if self.critic is not None else None
+        length, sharing = mb.input_ids.shape[1], self._sharing(mb)
+        logprob, entropy = self._token_outputs(mb, sharing)
+        values = self.critic(mb.input_ids, mb.attention_mask, sharing) if self.critic is not None else None
         loss, terms = epo_objective(logprob, entropy, values, targets.select(rows, length), settings)
         poison = torch.where(torch.isfinite(loss.detach()), 1.0, float("nan"))  # 1, or NaN for a non-finite loss
         self.manual_backward(loss * (scale * weight) * poison)

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 from lightning_epo.callbacks import BetaSchedule, EntropyWindow
 from lightning_epo.models.weights import hf_weights
 from lightning_epo.rollout.batch import RolloutBatch, collate_episodes
-from tests.test_module import synthetic_batch, with_prompt_prefix
+from tests.test_module import synthetic_batch, with_history, with_prompt_prefix
 
 REPO = Path(__file__).resolve().parents[2]
 TRAJECTORIES = 8  # synthetic trajectories per RL step, all ranks together (groups of 2)
@@ -54,11 +54,14 @@ def compose_cfg(model_dir: str, run_dir: str, *overrides: str) -> DictConfig:
 def rank_batches(rank: int, world: int, prefixed: bool = False) -> list[RolloutBatch]:
     """Rank ``rank``'s share of two fixed RL steps: a contiguous slice of whole trajectories (and groups).
     ``prefixed``: the prompts of rank 0's steps and of the other ranks' first step start with the same
-    :data:`SHARED_PREFIX` (``model.shared_prefix``: then the ranks share a prefix at step 0, only rank 0 at step 1)."""
+    :data:`SHARED_PREFIX` (``model.shared_prefix``: then the ranks share a prefix at step 0, only rank 0 at step 1),
+    and every turn's prompt carries its episode's earlier turns (``model.fold_turns``)."""
     share = TRAJECTORIES // world
     batches = []
     for seed in (1, 2):
         episodes = synthetic_batch(500, seed=seed, trajectories=TRAJECTORIES).episodes[rank * share : (rank + 1) * share]
+        if prefixed:
+            with_history(episodes)
         if prefixed and (rank == 0 or seed == 1):
             with_prompt_prefix(episodes, SHARED_PREFIX)
         batches.append(collate_episodes(episodes, 0, {"train/reward": 1.0}))

@@ -7,8 +7,9 @@ Every DeepSpeed job of the tests, in one launch (process start-up dominates on a
 - ``fixed-<strategy>``: ddp_worker's two RL steps on fixed episodes (SGD, several micro-batches per
   mini-batch, ranks with different micro-batch counts) under DDP, ZeRO-2 and ZeRO-3, saved as
   ``OUT_DIR/fixed-<strategy>-rank<r>.pt``.
-- ``prefixed-<strategy>``: the same on prompts that start alike (``rank_batches(prefixed=True)``), plain under DDP
-  and with ``model.shared_prefix=true`` under ZeRO-3.
+- ``prefixed-<strategy>``: the same on prompts that start alike and carry their episode's earlier turns
+  (``rank_batches(prefixed=True)``), plain under DDP and with ``model.shared_prefix=true model.fold_turns=true``
+  under ZeRO-3.
 - ``nonfinite-zero<stage>``: the same with a NaN loss (finite gradients) at every step, saved likewise.
 - ``resume``: gridworld under ZeRO-3 with ``rollout=expert``: two RL steps with ``export_policy=true``
   (``OUT_DIR/full``), and one step, stopped, then resumed with ``ckpt_path=last`` (``OUT_DIR/resumed``).
@@ -47,13 +48,16 @@ def main(model_dir: str, out_dir: str) -> None:
     for name in STRATEGIES:
         result = train_fixed(cfg, world=2, strategy=strategy(name, cfg.optim.grad_clip))
         torch.save(result, out / f"fixed-{name}-rank{rank}.pt")
-    shared = compose_cfg(model_dir, f"{out_dir}/fixed", "algo=ppo_epo", *SGD, "model.shared_prefix=true")
-    prefixes, choose = [], module_lib.EPOModule._shared_prefix  # the prefix each micro-batch used, saved with the run
-    module_lib.EPOModule._shared_prefix = lambda self, mb: prefixes.append(choose(self, mb)) or prefixes[-1]
+    shared = compose_cfg(model_dir, f"{out_dir}/fixed", "algo=ppo_epo", *SGD, "model.shared_prefix=true",
+                         "model.fold_turns=true")
+    sharings, choose = [], module_lib.EPOModule._sharing  # what each micro-batch shared, saved with the run
+    module_lib.EPOModule._sharing = lambda self, mb: sharings.append(choose(self, mb)) or sharings[-1]
     for name, name_cfg in (("ddp", cfg), ("zero3", shared)):
         result = train_fixed(name_cfg, world=2, strategy=strategy(name, cfg.optim.grad_clip), prefixed=True)
-        torch.save({**result, "prefixes": prefixes}, out / f"prefixed-{name}-rank{rank}.pt")
-    module_lib.EPOModule._shared_prefix = choose
+        prefixes = [sharing.prefix for sharing in sharings]
+        folded = [0 if s.hosts is None else int((s.hosts != torch.arange(len(s.hosts))).sum()) for s in sharings]
+        torch.save({**result, "prefixes": prefixes, "folded": folded}, out / f"prefixed-{name}-rank{rank}.pt")
+    module_lib.EPOModule._sharing = choose
     real_objective, poison = module_lib.epo_objective, PoisonFrom(step=0)
     poison.on = True  # at every step (not registered as a callback)
     module_lib.epo_objective = nan_loss_objective(poison)

@@ -53,7 +53,8 @@ def test_zero_makes_the_ddp_update(ds_outputs, tiny_model_path, stage):
 
 
 def test_zero3_with_a_shared_prefix_makes_the_ddp_update(ds_outputs):
-    """``model.shared_prefix=true`` under ZeRO-3 against plain DDP on prompts that start alike: the same update.
+    """``model.shared_prefix=true model.fold_turns=true`` under ZeRO-3 against plain DDP on prompts that start alike
+    and carry their episode's history: the same update.
     At step 1 only rank 0's rows share a prefix: a rank sharing alone would run the decoder twice per micro-batch
     against the other's once, and the ZeRO-3 all-gathers of the two ranks would not pair up."""
     ddp = load(ds_outputs / "prefixed-ddp-rank0.pt")
@@ -63,6 +64,7 @@ def test_zero3_with_a_shared_prefix_makes_the_ddp_update(ds_outputs):
         assert_same_update(zero, ddp, ("loss/policy", "loss/entropy", "loss/value", "loss/smooth", "loss/total"))
         used = zero["prefixes"][len(ddp["prefixes"]):]
         assert max(used) >= len(SHARED_PREFIX) and 0 in used  # shared at step 0, not where only rank 0 could
+        assert sum(zero["folded"][len(ddp["folded"]):]) > 0  # and earlier turns were read from later ones
 
 
 def test_ranks_with_different_micro_batch_counts_finish(ds_outputs):

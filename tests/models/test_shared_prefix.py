@@ -1,5 +1,6 @@
-"""``model.shared_prefix``: the decoder computes the rows' common prefix once and gives the plain forward's hidden
-states, log-probs, entropies, values and gradients, with and without gradient checkpointing."""
+"""``model.shared_prefix`` and ``model.fold_turns``: the decoder computes the rows' common prefix once, and a row
+that begins another row not at all, and gives the plain forward's hidden states, log-probs, entropies, values and
+gradients at every real position, with and without gradient checkpointing."""
 
 from __future__ import annotations
 
@@ -9,24 +10,31 @@ import torch
 from lightning_epo.models.critic import ValueModel
 from lightning_epo.models.loading import load_actor
 from lightning_epo.models.policy_outputs import actor_token_outputs
-from lightning_epo.models.shared_prefix import decoder_hidden_states, shared_prefix_length
+from lightning_epo.models.shared_prefix import Sharing, decoder_hidden_states, prefix_hosts, shared_prefix_length
 
-PREFIX, N, L = 7, 4, 20
+PREFIX, N, L = 7, 6, 20
+HOSTS = torch.tensor([0, 0, 2, 2, 4, 0])  # rows 1 and 5 begin row 0, row 3 begins row 2
 
 
 def prefixed_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(input_ids, attention_mask, response_mask)`` ``[N, L]``: right-padded rows that share their first
-    ``PREFIX`` tokens, with responses at different places."""
+    ``PREFIX`` tokens, with responses (each row's last 3 tokens) at different places; as an earlier turn's row
+    begins a later turn's, rows 1 and 5 (identical) begin row 0 and row 3 begins row 2 (:data:`HOSTS`)."""
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(3, vocab, (N, L), generator=generator)
     input_ids[:, :PREFIX] = input_ids[0, :PREFIX]
-    lengths = torch.tensor([20, 15, 18, 10])
+    input_ids[[1, 5]], input_ids[3] = input_ids[0].clone(), input_ids[2].clone()
+    lengths = torch.tensor([20, 15, 18, 10, 12, 15])
     attention_mask = (torch.arange(L) < lengths[:, None]).long()
+    input_ids[attention_mask == 0] = 0  # padding
     response_mask = torch.zeros(N, L, dtype=torch.long)
     for row, length in enumerate(lengths.tolist()):
         response_mask[row, length - 3 : length] = 1
-    response_mask[0, PREFIX] = 1  # the first token after the prefix: read from the prefix's last hidden state
+    response_mask[4, PREFIX] = 1  # the first token after the prefix: read from the prefix's last hidden state
     return input_ids, attention_mask, response_mask
+
+
+SHARINGS = {"prefix": Sharing(PREFIX), "fold": Sharing(hosts=HOSTS), "prefix+fold": Sharing(PREFIX, HOSTS)}
 
 
 @pytest.fixture
@@ -49,24 +57,37 @@ def test_shared_prefix_length():
     assert shared_prefix_length(torch.tensor([[1, 2], [2, 2]]), torch.ones(2, 2)) == 0
 
 
-def run(actor, batch, prefix: int):
+def test_prefix_hosts_reads_each_row_from_the_longest_row_it_begins(tiny_model_path):
+    batch = prefixed_batch(100)
+    assert torch.equal(prefix_hosts(*batch[:2]), HOSTS)
+    ids = torch.tensor([[1, 2, 0, 0], [1, 2, 3, 4], [1, 2, 3, 0], [1, 2, 5, 0], [2, 0, 0, 0]])
+    mask = (ids != 0).long()
+    hosts = prefix_hosts(ids, mask).tolist()
+    assert hosts[1:] == [1, 1, 3, 4]  # [1, 2, 3] begins [1, 2, 3, 4]; [1, 2, 5] and [2] begin nothing
+    assert hosts[0] in (1, 3)  # [1, 2] begins both: either is a host
+    mask[1, 3] = 0  # a padded column is not a token: [1, 2, 3] is now identical to row 1
+    assert prefix_hosts(ids, mask)[1:3].tolist() in ([1, 1], [2, 2])
+
+
+def run(actor, batch, sharing: Sharing):
     """Log-probs, entropies and every parameter's gradient of a loss on both."""
     actor.zero_grad(set_to_none=True)
-    logprob, entropy = actor_token_outputs(actor, *batch, prefix=prefix)
+    logprob, entropy = actor_token_outputs(actor, *batch, sharing=sharing)
     weights = torch.randn(N, L, generator=torch.Generator().manual_seed(1))
     ((logprob * weights).sum() + (entropy * weights.flip(0)).sum()).backward()
     return logprob.detach(), entropy.detach(), {n: p.grad.clone() for n, p in actor.named_parameters()}
 
 
+@pytest.mark.parametrize("sharing", SHARINGS)
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_logprobs_entropies_and_gradients_equal_the_plain_forward(actor, checkpointing):
+def test_logprobs_entropies_and_gradients_equal_the_plain_forward(actor, checkpointing, sharing):
     """Without the prefix pass's cache kept under gradient checkpointing (transformers drops it), the rows would
     not see the prefix and every value after it would differ."""
     if checkpointing:
         actor.gradient_checkpointing_enable()
     batch = prefixed_batch(actor.config.vocab_size)
-    assert shared_prefix_length(*batch[:2]) == PREFIX
-    plain, shared = run(actor, batch, 0), run(actor, batch, PREFIX)
+    assert shared_prefix_length(*batch[:2]) == shared_prefix_length(batch[0][[0, 2, 4]], batch[1][[0, 2, 4]]) == PREFIX
+    plain, shared = run(actor, batch, Sharing()), run(actor, batch, SHARINGS[sharing])
     torch.testing.assert_close(shared[0], plain[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(shared[1], plain[1], rtol=1e-5, atol=1e-6)
     assert shared[2].keys() == plain[2].keys()
@@ -75,25 +96,28 @@ def test_logprobs_entropies_and_gradients_equal_the_plain_forward(actor, checkpo
         torch.testing.assert_close(shared[2][name], grad, rtol=1e-4, atol=1e-5 * grad.abs().max().item(), msg=name)
 
 
-def test_the_prefix_is_computed_once(actor):
-    """The decoder embeds ``[1, P]`` tokens and then ``[N, L - P]``: the prefix is not computed per row."""
+@pytest.mark.parametrize(("sharing", "embedded"), [("prefix", [(1, PREFIX), (N, L - PREFIX)]), ("fold", [(3, L)]),
+                                                   ("prefix+fold", [(1, PREFIX), (3, L - PREFIX)])])
+def test_shared_tokens_are_computed_once(actor, sharing, embedded):
+    """The decoder embeds the prefix once (``[1, P]``), then the rows' remainders; folded, only the 3 hosts."""
     batch = prefixed_batch(actor.config.vocab_size)
     shapes = []
     hook = actor.get_input_embeddings().register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
-    decoder_hidden_states(actor.get_decoder(), *batch[:2], PREFIX)
+    decoder_hidden_states(actor.get_decoder(), *batch[:2], SHARINGS[sharing])
     hook.remove()
-    assert shapes == [(1, PREFIX), (N, L - PREFIX)]
+    assert shapes == embedded
 
 
-def test_critic_values_and_gradients_equal_the_plain_forward(tiny_model_path):
+@pytest.mark.parametrize("sharing", SHARINGS)
+def test_critic_values_and_gradients_equal_the_plain_forward(tiny_model_path, sharing):
     from transformers import AutoModel
 
     critic = ValueModel(AutoModel.from_pretrained(tiny_model_path, dtype=torch.float32)).train()
     input_ids, attention_mask, _ = prefixed_batch(critic.backbone.config.vocab_size)
     results = []
-    for prefix in (0, PREFIX):
+    for shared in (Sharing(), SHARINGS[sharing]):
         critic.zero_grad(set_to_none=True)
-        values = critic(input_ids, attention_mask, prefix)
+        values = critic(input_ids, attention_mask, shared)
         (values * attention_mask).square().sum().backward()
         results.append((values.detach() * attention_mask, {n: p.grad.clone() for n, p in critic.named_parameters()}))
     (plain, plain_grads), (shared, shared_grads) = results
