@@ -6,6 +6,8 @@ The output layer is applied only at response positions (prompts are long, respon
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from lightning_epo.algos.entropy import fused_output_logprobs_and_entropy, token_logprobs_and_entropy
@@ -33,6 +35,7 @@ def actor_token_outputs(
     temperature: float = 1.0,
     fused: bool = False,
     sharing: Sharing = Sharing(),
+    token_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each generated token (Eq. 3's ratio input) and the policy entropy at that position (Eq. 4's H).
 
@@ -51,6 +54,10 @@ def actor_token_outputs(
     (lightning_epo/models/shared_prefix.py); the hidden states at real positions, and so everything returned, are the
     same.
 
+    ``token_loss(logprob, entropy)`` (``[N, L]`` each; the micro-batch's loss as far as it depends on them, a sum of
+    per-token terms): with ``fused``, the fused function forms the output layer's gradients in its forward and
+    the backward makes no second product when the loss differentiated is this one (ignored otherwise).
+
     Args:
         input_ids, attention_mask, response_mask: ``[N, L]``.
     Returns:
@@ -63,8 +70,13 @@ def actor_token_outputs(
         if hasattr(head.weight, "ds_id"):  # DeepSpeed ZeRO-3: the weight is gathered only inside head's own forward
             raise ValueError("model.fused_output=true cannot read a ZeRO-3 partitioned output layer: set "
                              "model.fused_output=false or use trainer=deepspeed_stage_2")
+        def flat_loss(logprob: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:  # [T] each
+            shape = input_ids.shape
+            return token_loss(scatter_tokens(logprob, rows, cols, shape), scatter_tokens(entropy, rows, cols, shape))
+
         logprob, entropy = fused_output_logprobs_and_entropy(
-            hidden[rows, cols - 1], head.weight, labels, head.bias, temperature, chunk_size
+            hidden[rows, cols - 1], head.weight, labels, head.bias, temperature, chunk_size,
+            flat_loss if token_loss is not None else None,
         )
     else:
         logits = head(hidden[rows, cols - 1])  # [T, V]

@@ -27,19 +27,24 @@ def make(tied: bool, bias: bool, dtype=torch.float32):
                 params=list({id(p): p for p in params}.values()))
 
 
-def outputs(m, fused: bool, temperature: float, chunk: int | None, cast=None):
-    """``(log p, H)`` and the gradients of ``sum(w_lp log p) + sum(w_h H)`` w.r.t. every parameter (and ``h``)."""
+def outputs(m, fused: bool, temperature: float, chunk: int | None, cast=None, formed: bool = False):
+    """``(log p, H)`` and the gradients of ``sum(w_lp log p) + sum(w_h H)`` w.r.t. every parameter (and ``h``);
+    ``formed``: the fused function is given that loss (``token_loss``) and forms the gradients in its forward."""
     params = [p if cast is None else p.detach().to(cast).requires_grad_() for p in m["params"]]
     by_id = {id(p): q for p, q in zip(m["params"], params)}
     emb, layer, head = by_id[id(m["emb"])], by_id[id(m["layer"])], by_id[id(m["head"])]
     b = by_id[id(m["bias"])] if m["bias"] is not None else None
     h = torch.tanh(emb[m["ids"]] @ layer)
     h.retain_grad()
+    def token_loss(lp, ent):
+        return (lp * m["w"][0]).sum() + (ent * m["w"][1]).sum()
+
     if fused:
-        lp, ent = fused_output_logprobs_and_entropy(h, head, m["labels"], b, temperature, chunk)
+        lp, ent = fused_output_logprobs_and_entropy(h, head, m["labels"], b, temperature, chunk,
+                                                    token_loss if formed else None)
     else:
         lp, ent = token_logprobs_and_entropy(F.linear(h, head, b) / temperature, m["labels"], chunk)
-    loss = (lp * m["w"][0]).sum() + (ent * m["w"][1]).sum()
+    loss = token_loss(lp, ent)
     grads = torch.autograd.grad(loss, [h, *params])
     return lp.detach(), ent.detach(), [g.float() for g in grads]
 
@@ -49,15 +54,48 @@ def close(a, b, rel):
     return torch.allclose(a.float(), b.float(), rtol=0, atol=rel * b.float().abs().max().item())
 
 
+@pytest.mark.parametrize("formed", [False, True], ids=["recomputed", "formed"])
 @pytest.mark.parametrize("chunk", [1, 4, 5, 13, 64, None])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("tied, bias", [(False, False), (True, False), (False, True), (True, True)])
-def test_fused_equals_output_layer_then_logprob_entropy(tied, bias, temperature, chunk):
+def test_fused_equals_output_layer_then_logprob_entropy(tied, bias, temperature, chunk, formed):
     m = make(tied, bias)
     ref = outputs(m, fused=False, temperature=temperature, chunk=None)
-    ours = outputs(m, fused=True, temperature=temperature, chunk=chunk)
+    ours = outputs(m, fused=True, temperature=temperature, chunk=chunk, formed=formed)
     assert close(ours[0], ref[0], 1e-5) and close(ours[1], ref[1], 1e-5)
     for g, g_ref in zip(ours[2], ref[2]):  # h, embedding (+ head when tied), layer, head, bias
+        assert close(g, g_ref, 1e-5)
+
+
+def count_products(monkeypatch) -> list[int]:
+    """Record the rows of every output-layer product the fused function makes."""
+    import lightning_epo.algos.entropy as entropy_lib
+
+    rows, product = [], entropy_lib._chunk_logits
+    monkeypatch.setattr(entropy_lib, "_chunk_logits", lambda h, *a: rows.append(len(h)) or product(h, *a))
+    return rows
+
+
+@pytest.mark.parametrize("formed", [False, True])
+def test_gradients_formed_in_the_forward_need_no_second_product(monkeypatch, formed):
+    products = count_products(monkeypatch)
+    outputs(make(tied=False, bias=True), fused=True, temperature=0.7, chunk=4, formed=formed)
+    assert products == [4, 4, 4, 1] * (1 if formed else 2)
+
+
+@pytest.mark.parametrize("entropy_weight", [1.0, 0.0])
+def test_another_upstream_gradient_is_recomputed(monkeypatch, entropy_weight):
+    """The loss differentiated is not ``token_loss`` (here: other weights, or log-probs only): the gradients
+    formed in the forward would be wrong, so the backward recomputes and gives the real loss's."""
+    m = make(tied=True, bias=False)
+    ref = outputs(m, fused=False, temperature=1.0, chunk=None)
+    products = count_products(monkeypatch)
+    h = torch.tanh(m["emb"][m["ids"]] @ m["layer"])
+    lp, ent = fused_output_logprobs_and_entropy(h, m["head"], m["labels"], None, 1.0, 5,
+                                                token_loss=lambda lp, ent: 2 * lp.sum() + entropy_weight * ent.sum())
+    grads = torch.autograd.grad((lp * m["w"][0]).sum() + (ent * m["w"][1]).sum(), [h, *m["params"]])
+    assert len(products) == 6  # three chunks forward, three again in the backward
+    for g, g_ref in zip(grads, ref[2]):
         assert close(g, g_ref, 1e-5)
 
 

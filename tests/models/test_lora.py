@@ -13,6 +13,7 @@ from lightning_epo.core.errors import ConfigError, UserError
 from lightning_epo.models.loading import load_actor, load_critic, load_tokenizer
 from lightning_epo.models.lora import adapter_parameters, is_lora
 from lightning_epo.models.policy_outputs import actor_token_outputs
+from lightning_epo.models.shared_prefix import Sharing
 from lightning_epo.models.weights import gathered_copy, hf_weights
 from lightning_epo.rollout.engine import SamplingParams
 from lightning_epo.rollout.hf_engine import HFEngine
@@ -74,7 +75,7 @@ def test_without_lora_the_kl_reference_is_a_frozen_copy(compose_cfg, tiny_model_
     assert not module.reference.training and not any(p.requires_grad for p in module.reference.parameters())
     batch = response_batch(module.actor.config.vocab_size)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
-    torch.testing.assert_close(module._reference_logprobs(batch, prefix=0), logprobs(base, batch), atol=1e-5, rtol=0)
+    torch.testing.assert_close(module._reference_logprobs(batch, Sharing()), logprobs(base, batch), atol=1e-5, rtol=0)
 
 
 def test_the_kl_reference_is_the_base_model_with_the_adapter_disabled(compose_cfg, tiny_model_path):
@@ -85,7 +86,7 @@ def test_the_kl_reference_is_the_base_model_with_the_adapter_disabled(compose_cf
     batch = response_batch(module.actor.config.vocab_size)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     with torch.no_grad():
-        reference = module._reference_logprobs(batch, prefix=0)
+        reference = module._reference_logprobs(batch, Sharing())
     torch.testing.assert_close(reference, logprobs(base, batch), atol=1e-5, rtol=0)
     assert not torch.allclose(logprobs(module.actor, batch), reference, atol=1e-3)  # the adapter is back on after
 
