@@ -120,13 +120,13 @@ class _FusedOutputLogprobEntropy(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         logprob = torch.zeros(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         entropy, lse = torch.zeros_like(logprob), torch.empty_like(logprob)
-        wanted = ctx.needs_input_grad[:3]
-        grads = _new_grads(hidden, weight, bias, wanted) if token_loss is not None and any(wanted) else None
-        g_lp = g_h = None
+        form = token_loss is not None and any(ctx.needs_input_grad[:3])
+        grads = g_lp = g_h = None
         for start in range(0, hidden.shape[0], chunk):
             rows = slice(start, start + chunk)
             logp = _fill_rows(_chunk_logits(hidden[rows], weight, bias, temperature), rows, labels, logprob, entropy, lse)
-            if grads is not None:
+            if form:  # the gradients made after the chunk's forward temporaries are gone (the peak stays the backward's)
+                grads = grads or _new_grads(hidden, weight, bias, ctx.needs_input_grad[:3])
                 chunk_lp, chunk_h = _token_loss_grads(token_loss, logprob, entropy)
                 g_lp = _put_rows(g_lp, chunk_lp, rows)
                 g_h = _put_rows(g_h, chunk_h, rows)
