@@ -13,12 +13,13 @@ PENALTIES: Registry = Registry("entropy penalty")
 
 
 def _fill_rows(logits: torch.Tensor, rows: slice, labels: torch.Tensor, logprob: torch.Tensor, entropy: torch.Tensor,
-               lse: torch.Tensor) -> torch.Tensor:
+               lse: torch.Tensor, in_place: bool = False) -> torch.Tensor:
     """Forward of one chunk: ``logprob``, ``entropy`` and ``lse`` (all ``[T]``) at ``rows`` from the float32
     ``logits [c, V]`` of those rows: ``log p = l - logsumexp(l)``, ``log p(label)`` (Eq. 3's ratio input) and
-    ``H = -sum p log p`` (Eq. 4). Returns the chunk's ``log p [c, V]`` (a new tensor)."""
+    ``H = -sum p log p`` (Eq. 4). Returns the chunk's ``log p [c, V]``: a new tensor, or with ``in_place`` the
+    logits themselves turned into it (one ``[c, V]`` temporary fewer)."""
     lse[rows] = torch.logsumexp(logits, dim=-1)
-    logp = logits - lse[rows, None]
+    logp = logits.sub_(lse[rows, None]) if in_place else logits - lse[rows, None]
     logprob[rows] = logp.gather(-1, labels[rows, None]).squeeze(-1)
     entropy[rows] = -logp.exp().mul_(logp).sum(-1)
     return logp
@@ -124,7 +125,9 @@ class _FusedOutputLogprobEntropy(torch.autograd.Function):
         grads = g_lp = g_h = None
         for start in range(0, hidden.shape[0], chunk):
             rows = slice(start, start + chunk)
-            logp = _fill_rows(_chunk_logits(hidden[rows], weight, bias, temperature), rows, labels, logprob, entropy, lse)
+            logits = _chunk_logits(hidden[rows], weight, bias, temperature)  # a new [c, V] tensor
+            logp = _fill_rows(logits, rows, labels, logprob, entropy, lse, in_place=True)
+            del logits  # now logp
             if form:  # the gradients made after the chunk's forward temporaries are gone (the peak stays the backward's)
                 grads = grads or _new_grads(hidden, weight, bias, ctx.needs_input_grad[:3])
                 chunk_lp, chunk_h = _token_loss_grads(token_loss, logprob, entropy)
