@@ -133,7 +133,8 @@ class _FusedOutputLogprobEntropy(torch.autograd.Function):
                 chunk_lp, chunk_h = _token_loss_grads(token_loss, logprob, entropy)
                 g_lp = _put_rows(g_lp, chunk_lp, rows)
                 g_h = _put_rows(g_h, chunk_h, rows)
-                _add_chunk_grads_(logp, rows, labels, entropy, g_lp, g_h, hidden, weight, temperature, grads)
+                if g_lp is not None or g_h is not None:  # a loss of neither output: zero gradients
+                    _add_chunk_grads_(logp, rows, labels, entropy, g_lp, g_h, hidden, weight, temperature, grads)
             del logp  # free this chunk's [c, V] before the next chunk's logits are made
         ctx.save_for_backward(hidden, weight, bias, labels, lse, entropy)
         ctx.temperature, ctx.chunk = temperature, chunk
@@ -196,7 +197,8 @@ def _token_loss_grads(token_loss: Callable, logprob: torch.Tensor, entropy: torc
     values; rows not computed yet hold 0 and only the caller's rows are read."""
     with torch.enable_grad():
         lp, h = logprob.detach().requires_grad_(), entropy.detach().requires_grad_()
-        return torch.autograd.grad(token_loss(lp, h), (lp, h), allow_unused=True)
+        loss = token_loss(lp, h)
+        return torch.autograd.grad(loss, (lp, h), allow_unused=True) if loss.requires_grad else (None, None)
 
 
 def _put_rows(into: torch.Tensor | None, grad: torch.Tensor | None, rows: slice) -> torch.Tensor | None:

@@ -99,6 +99,16 @@ def test_another_upstream_gradient_is_recomputed(monkeypatch, entropy_weight):
         assert close(g, g_ref, 1e-5)
 
 
+def test_a_token_loss_of_neither_output_forms_zero_gradients():
+    """A loss that does not depend on the outputs (a constant): nothing to form, and no error."""
+    h = torch.randn(T, D, requires_grad=True)
+    w = torch.randn(V, D, requires_grad=True)
+    lp, ent = fused_output_logprobs_and_entropy(h, w, torch.randint(0, V, (T,)), chunk_size=4,
+                                                token_loss=lambda lp, ent: torch.zeros(()))
+    g_h, g_w = torch.autograd.grad((lp * 0).sum(), (h, w))
+    assert not g_h.any() and not g_w.any()
+
+
 def test_tied_weight_gets_both_gradients():
     """A tied weight's gradient is the embedding's plus the output layer's: neither alone matches."""
     m = make(tied=True, bias=False)
