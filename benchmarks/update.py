@@ -142,7 +142,7 @@ def tokens_computed(module_cfg, batch: RolloutBatch) -> int:
     total = 0
     for rows in (rows for group in groups for mbs in module._micro_batches(batch, group) for rows in mbs if len(rows)):
         sharing = module._sharing(batch.select(rows))
-        computed = len(rows) if sharing.hosts is None else len(sharing.hosts.unique())
+        computed = len(rows) if sharing.computed is None else len(sharing.computed)
         total += sharing.prefix + computed * (int(lengths[rows].max()) - sharing.prefix)
     return total
 

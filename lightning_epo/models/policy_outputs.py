@@ -70,13 +70,12 @@ def actor_token_outputs(
         if hasattr(head.weight, "ds_id"):  # DeepSpeed ZeRO-3: the weight is gathered only inside head's own forward
             raise ValueError("model.fused_output=true cannot read a ZeRO-3 partitioned output layer: set "
                              "model.fused_output=false or use trainer=deepspeed_stage_2")
-        def flat_loss(logprob: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:  # [T] each
-            shape = input_ids.shape
-            return token_loss(scatter_tokens(logprob, rows, cols, shape), scatter_tokens(entropy, rows, cols, shape))
-
+        shape = input_ids.shape
+        flat_loss = None if token_loss is None else (  # the loss of the [T] outputs, scattered as returned
+            lambda lp, ent: token_loss(scatter_tokens(lp, rows, cols, shape), scatter_tokens(ent, rows, cols, shape)))
         logprob, entropy = fused_output_logprobs_and_entropy(
             hidden[rows, cols - 1], head.weight, labels, head.bias, temperature, chunk_size,
-            flat_loss if token_loss is not None else None,
+            flat_loss,
         )
     else:
         logits = head(hidden[rows, cols - 1])  # [T, V]

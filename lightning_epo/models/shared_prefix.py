@@ -8,7 +8,7 @@ through the cached keys and values (and the prefix's hidden states, which are br
 
 A turn's row whose prompt carries the episode's history begins every later turn's row of the episode, token for
 token, and causal attention gives a sequence the hidden states of any longer sequence it begins; so with
-``hosts`` (:func:`prefix_hosts`) only the rows that begin no other are run, and each row reads its
+hosts (:func:`prefix_hosts`) only the rows that begin no other are run, and each row reads its
 hidden states from its host's (a gather, whose backward adds the rows' gradients into the host's).
 
 The result equals the plain forward's at every real position (test: ``tests/models/test_shared_prefix.py``), so
@@ -36,11 +36,18 @@ class Sharing:
     """What a micro-batch's decoder pass computes once.
 
     ``prefix``: the leading tokens every computed row shares (:func:`shared_prefix_length` of those rows; 0: none).
-    ``hosts``: ``[N]`` or None, the row each row's hidden states are read from (:func:`prefix_hosts`, indices
-    into the micro-batch); only the hosts are computed."""
+    ``computed``: ``[H]`` or None (all rows), the rows the decoder runs on; ``source``: ``[N]``, for each row the
+    position in ``computed`` of the row its hidden states are read from (:meth:`from_hosts`)."""
 
     prefix: int = 0
-    hosts: torch.Tensor | None = None
+    computed: torch.Tensor | None = None
+    source: torch.Tensor | None = None
+
+    @classmethod
+    def from_hosts(cls, hosts: torch.Tensor, prefix: int = 0) -> "Sharing":
+        """Only the rows of ``hosts [N]`` (:func:`prefix_hosts`) computed, each row read from its host."""
+        computed, source = hosts.unique(return_inverse=True)
+        return cls(prefix, computed, source)
 
 
 class _RecordingLayer(DynamicLayer):
@@ -123,11 +130,11 @@ def decoder_hidden_states(
         position. Positions ``< prefix`` are the prefix's (one tensor broadcast to every row); a row read from its
         host holds the host's states past its own end, where the plain forward holds padding's.
     """
-    if sharing.hosts is None:
+    if sharing.computed is None:
         return _computed_hidden_states(decoder, input_ids, attention_mask, sharing.prefix)
-    computed, host_of_row = sharing.hosts.unique(return_inverse=True)  # [H], [N] with computed[host_of_row] = hosts
+    computed = sharing.computed
     hidden = _computed_hidden_states(decoder, input_ids[computed], attention_mask[computed], sharing.prefix)
-    return hidden[host_of_row]  # [N, L, d]: the longest row is a host, so L is the rows' length
+    return hidden[sharing.source]  # [N, L, d]: the longest row is a host, so L is the rows' length
 
 
 def _computed_hidden_states(

@@ -212,18 +212,20 @@ class EPOModule(L.LightningModule):
         one row: nothing to share). Every ZeRO-3 forward all-gathers the parameter shards, so there all ranks must
         run the decoder as many times (two passes with a prefix, one without): a prefix is used only where every
         rank has one. Folding changes no pass count."""
-        hosts = prefix_hosts(mb.input_ids, mb.attention_mask) if self.model_cfg.get("fold_turns", False) else None
-        rows = torch.arange(len(mb), device=mb.input_ids.device)
-        if hosts is not None and bool((hosts == rows).all()):
-            hosts = None  # nothing folds: no gather
+        folded = Sharing()
+        if self.model_cfg.get("fold_turns", False):
+            hosts = prefix_hosts(mb.input_ids, mb.attention_mask)
+            if not bool((hosts == torch.arange(len(mb), device=hosts.device)).all()):  # else nothing folds: no gather
+                folded = Sharing.from_hosts(hosts)
         if not self.model_cfg.get("shared_prefix", False):
-            return Sharing(hosts=hosts)
-        computed = rows if hosts is None else hosts.unique()
-        prefix = shared_prefix_length(mb.input_ids[computed], mb.attention_mask[computed]) if len(computed) > 1 else 0
+            return folded
+        rows = slice(None) if folded.computed is None else folded.computed
+        ids, mask = mb.input_ids[rows], mb.attention_mask[rows]
+        prefix = shared_prefix_length(ids, mask) if len(ids) > 1 else 0
         zero3 = self._trainer is not None and zero_stage(self.trainer.strategy) == 3
         if zero3 and self._reduce(torch.tensor(int(prefix > 0), device=self.device), "min") == 0:
             prefix = 0
-        return Sharing(prefix, hosts)
+        return replace(folded, prefix=prefix)
 
     def _token_outputs(
         self, mb: RolloutBatch, sharing: Sharing, model: torch.nn.Module | None = None, token_loss: Any = None

@@ -55,7 +55,7 @@ def main(model_dir: str, out_dir: str) -> None:
     for name, name_cfg in (("ddp", cfg), ("zero3", shared)):
         result = train_fixed(name_cfg, world=2, strategy=strategy(name, cfg.optim.grad_clip), prefixed=True)
         prefixes = [sharing.prefix for sharing in sharings]
-        folded = [0 if s.hosts is None else int((s.hosts != torch.arange(len(s.hosts))).sum()) for s in sharings]
+        folded = [0 if s.computed is None else len(s.source) - len(s.computed) for s in sharings]
         torch.save({**result, "prefixes": prefixes, "folded": folded}, out / f"prefixed-{name}-rank{rank}.pt")
     module_lib.EPOModule._sharing = choose
     real_objective, poison = module_lib.epo_objective, PoisonFrom(step=0)

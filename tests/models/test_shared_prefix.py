@@ -34,7 +34,7 @@ def prefixed_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return input_ids, attention_mask, response_mask
 
 
-SHARINGS = {"prefix": Sharing(PREFIX), "fold": Sharing(hosts=HOSTS), "prefix+fold": Sharing(PREFIX, HOSTS)}
+SHARINGS = {"prefix": Sharing(PREFIX), "fold": Sharing.from_hosts(HOSTS), "prefix+fold": Sharing.from_hosts(HOSTS, PREFIX)}
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_shared_prefix_length():
     assert shared_prefix_length(torch.tensor([[1, 2], [2, 2]]), torch.ones(2, 2)) == 0
 
 
-def test_prefix_hosts_reads_each_row_from_the_longest_row_it_begins(tiny_model_path):
+def test_prefix_hosts_reads_each_row_from_the_longest_row_it_begins():
     batch = prefixed_batch(100)
     assert torch.equal(prefix_hosts(*batch[:2]), HOSTS)
     ids = torch.tensor([[1, 2, 0, 0], [1, 2, 3, 4], [1, 2, 3, 0], [1, 2, 5, 0], [2, 0, 0, 0]])
