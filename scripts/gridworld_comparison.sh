@@ -20,10 +20,10 @@ PY=${PY:-.venv/bin/python}
 if [ ! -f "$OUT/warm_start/policy/config.json" ]; then
   $PY train.py experiment=gridworld_sft export_policy=true logger=csv hydra.run.dir="$OUT/warm_start"
 fi
-run_command() {  # ALGO SEED [OVERRIDE ...]: the command line of one run
+run_command() {  # ALGO SEED [OVERRIDE ...]: the command line of one run; OVERRIDEs come after ARGS and win
   local algo=$1 seed=$2; shift 2
   echo "$PY train.py experiment=gridworld_long algo=$algo seed=$seed warm_start=null model.build_if_missing=false" \
-    "model.name_or_path=$OUT/warm_start/policy logger=csv ~callbacks.progress_bar $* $ARGS" \
+    "model.name_or_path=$OUT/warm_start/policy logger=csv ~callbacks.progress_bar $ARGS $*" \
     "hydra.run.dir=$OUT/$algo/s$seed"
 }
 for seed in $SEEDS; do      # seed-major: a stopped run of the script leaves every algorithm with the same seeds

@@ -40,7 +40,8 @@ def test_comparison_script_skips_finished_runs_and_evaluations_and_resumes_stopp
                            'for a in "$@"; do case "$a" in hydra.run.dir=*) mkdir -p "${a#hydra.run.dir=}";; esac; done\n'
                            'case "$1" in train.py) ;; *) exit 1;; esac\n')
     fake_python.chmod(0o755)
-    env = {"PATH": "/usr/bin:/bin", "PY": str(fake_python), "SEEDS": "0 1", "ALGOS": "ppo ppo_epo"}
+    env = {"PATH": "/usr/bin:/bin", "PY": str(fake_python), "SEEDS": "0 1", "ALGOS": "ppo ppo_epo",
+           "ARGS": "env.val_size=50"}  # a quick run's ARGS: the final evaluation's size must still win
     subprocess.run([str(REPO / "scripts" / "gridworld_comparison.sh"), str(out)], env=env, capture_output=True)
     lines = [line for line in calls.read_text().splitlines() if "train.py" in line]
     runs = {line.split("hydra.run.dir=")[1]: line for line in lines if "mode=eval" not in line}
@@ -49,6 +50,7 @@ def test_comparison_script_skips_finished_runs_and_evaluations_and_resumes_stopp
     assert "ckpt_path=last" in runs[str(out / "ppo" / "s0")]
     assert "ckpt_path=last" not in runs[str(out / "ppo_epo" / "s0")]
     assert sorted(evals) == sorted(runs)  # ppo/s1 has its eval.json
-    for run, line in evals.items():
+    for run, line in evals.items():  # the run's command, its ARGS included, then the evaluation's overrides
         assert line == runs[run].replace(" ckpt_path=last", "").replace(
             " hydra.run.dir", " mode=eval ckpt_path=last env.val_size=300 hydra.run.dir"), line
+        assert "env.val_size=50" in line
