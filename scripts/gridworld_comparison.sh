@@ -2,7 +2,7 @@
 # The paper's comparison in miniature (docs/comparison.md):
 # one shared supervised warm start, then PPO, PPO+EPO and the ablations x seeds on experiment=gridworld_long,
 # JOBS runs at a time (one torch thread each), each run's final policy evaluated on FINAL_EPISODES episodes per
-# split into RUN/eval.json (0: no final evaluation), then the figures and the Succ.*/Succ. tables (evaluations
+# split into RUN/eval.json (0: no final evaluation), then the figures and the Succ.*/Succ./Eval. tables (evaluations
 # after the first RL step: the shared starting level is left out). Rerun it to go on after a stop:
 # finished runs and evaluations are skipped, stopped runs resume from their last checkpoint.
 #   scripts/gridworld_comparison.sh [OUT_DIR]

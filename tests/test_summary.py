@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -66,12 +67,13 @@ def test_window_longer_than_the_run_uses_every_evaluation(runs):
     assert ppo.succ == pytest.approx((0.2 + 0.6 + 0.4 + 0.5) / 4)
 
 
-def test_cli_prints_percent_and_writes_markdown(runs, tmp_path, capsys):
+def test_cli_prints_percent_and_writes_markdown(runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # a terminal wide enough that rich keeps each cell on one line
     md = tmp_path / "table.md"
     main([str(d) for d in runs] + ["--window", "2", "--markdown", str(md)])
     printed = capsys.readouterr().out
     assert "65.0 ± 7.1" in printed and "47.5 ± 3.5" in printed
-    assert "| ppo_epo | 1 | 0 | 90.0 | 90.0 |" in md.read_text()
+    assert "| ppo_epo | 1 | 0 | 90.0 | 90.0 | 0.0000 | n/a | n/a |" in md.read_text()
 
 
 def test_missing_metric_is_one_error_line(runs, capsys):
@@ -121,12 +123,30 @@ def test_cli_prints_oscillation_mean_and_std_over_seeds_in_both_tables(runs, tmp
     printed, table = capsys.readouterr().out, md.read_text()
     # ppo: mean of (0.3, 0.2) and their sample std 0.0707; early turns from seed 1 alone
     assert "0.2500 ± 0.0707" in printed and "0.2000 (1 of 2 runs)" in printed
-    assert "| ppo | 2 | 0, 1 | 65.0 ± 7.1 | 47.5 ± 3.5 | 0.2500 ± 0.0707 | 0.2000 (1 of 2 runs) |" in table
-    assert "| ppo_epo | 1 | 0 | 90.0 | 90.0 | 0.0000 | n/a |" in table
+    assert "| ppo | 2 | 0, 1 | 65.0 ± 7.1 | 47.5 ± 3.5 | 0.2500 ± 0.0707 | 0.2000 (1 of 2 runs) | n/a |" in table
+    assert "| ppo_epo | 1 | 0 | 90.0 | 90.0 | 0.0000 | n/a | n/a |" in table
     assert "ΔH osc." in printed and "std over RL steps of H_k - H_{k-1}" in table
 
 
 def test_oscillation_without_entropy_metrics_is_n_a(tmp_path):
     md = tmp_path / "table.md"
     main([str(make_run(tmp_path, "ppo_s0", "ppo", 0, [0.2, 0.6, 0.4, 0.5])), "--markdown", str(md)])
-    assert "| ppo | 1 | 0 | 60.0 | 42.5 | n/a | n/a |" in md.read_text()
+    assert "| ppo | 1 | 0 | 60.0 | 42.5 | n/a | n/a | n/a |" in md.read_text()
+
+
+def test_eval_column_is_each_final_evaluation_averaged_over_the_runs_that_have_one(runs, tmp_path):
+    """``eval.json`` (``mode=eval``'s file) gives the Eval. column; a run without one, or whose file lacks the metric,
+    is counted out and named, and the logged history's columns do not change."""
+    (runs[0] / "eval.json").write_text(json.dumps({"val/iid/success": 0.62, "val/ood/success": 0.3}))
+    (runs[1] / "eval.json").write_text(json.dumps({"val/ood/success": 0.4}))
+    (runs[2] / "eval.json").write_text(json.dumps({"val/iid/success": 0.68}))
+    ppo, epo = summarize([load_run(d) for d in runs], window=2)
+    assert ppo.evaluated == pytest.approx([0.62, 0.68]) and epo.evaluated == []
+    md = tmp_path / "table.md"
+    main([str(d) for d in runs] + ["--window", "2", "--markdown", str(md)])
+    table = md.read_text()
+    assert "| ppo | 2 | 0, 1 | 65.0 ± 7.1 | 47.5 ± 3.5 | 0.2500 ± 0.0707 | 0.2000 (1 of 2 runs) | 65.0 ± 4.2 |" in table
+    assert "| ppo_epo | 1 | 0 | 90.0 | 90.0 | 0.0000 | n/a | n/a |" in table
+    (runs[2] / "eval.json").unlink()
+    main([str(d) for d in runs] + ["--window", "2", "--markdown", str(md)])
+    assert "| 0.2000 (1 of 2 runs) | 62.0 (1 of 2 runs) |" in md.read_text()

@@ -9,10 +9,12 @@
   the trajectory-aggregated mean token entropy that the objective regularises), averaged over seeds. EPO's smoothing
   term is meant to make it small: entropy that drifts steadily scores low, entropy that swings up and down high.
 - **ΔH early osc.** : the same for ``entropy/early_turns`` (mean token entropy over the first turns of trajectories).
+- **Eval. (%)** : the metric in the run's ``eval.json``, what ``mode=eval ckpt_path=last`` wrote for its final policy
+  (with ``env.val_size=300``: 300 episodes per split), averaged over the runs that have one.
 
 An oscillation column averages the runs with at least 3 points of its metric (a std of at least two changes), and
 says "(n of m runs)" when some runs of the group have fewer; it shows "n/a" when none has (the metric was not logged,
-or the run is too short). The oscillation columns use every logged step (``--from-step`` applies to evaluations).
+or the run is too short). Eval. does the same for the runs with an ``eval.json`` that holds the metric. The oscillation columns use every logged step (``--from-step`` applies to evaluations).
 
 ``--from-step N`` keeps only the evaluations logged at RL step >= N: ``--from-step 1`` leaves out the starting
 level that ``val_at_start=true`` logs at step 0 (otherwise Succ.* can never fall below the starting policy's score).
@@ -26,6 +28,7 @@ each as mean ± std over seeds.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +36,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from lightning_epo.core import layout
 from lightning_epo.core.errors import UserError, exit_with_error
 from lightning_epo.reports.run_history import RUN_ARGS_HELP, Run, Series, group_runs, load_run_arg, seed_std
 
 OSCILLATION = {"ΔH osc.": "loss/entropy", "ΔH early osc.": "entropy/early_turns"}  # column: metric
-HEADER = ["algo", "runs", "seeds", "Succ.* (%)", "Succ. (%)", *OSCILLATION]
+HEADER = ["algo", "runs", "seeds", "Succ.* (%)", "Succ. (%)", *OSCILLATION, "Eval. (%)"]
 
 
 @dataclass
@@ -45,6 +49,7 @@ class RunScore:
     run: Run
     best: float  # max over the run's evaluations
     final: float  # mean of the last `window` evaluations
+    evaluated: float | None  # the metric in the run's eval.json (its final policy's mode=eval), None without one
 
 
 @dataclass
@@ -56,6 +61,7 @@ class GroupSummary:
     succ_star_std: float
     succ_std: float
     oscillation: dict[str, list[float]]  # metric: its oscillation() in each run that has one
+    evaluated: list[float]  # RunScore.evaluated of each run that has one
 
 
 def oscillation(series: Series) -> float | None:
@@ -72,7 +78,17 @@ def score_run(run: Run, metric: str, window: int, from_step: int = 0) -> RunScor
         logged = sorted(k for k in run.history if k.startswith("val/")) or ["none"]
         raise UserError(f"{run.run_dir} has no '{metric}' points at step >= {from_step}; its validation metrics: "
                         f"{', '.join(logged)}")
-    return RunScore(run, best=max(values), final=statistics.fmean(values[-window:]))
+    return RunScore(run, best=max(values), final=statistics.fmean(values[-window:]), evaluated=evaluated(run, metric))
+
+
+def evaluated(run: Run, metric: str) -> float | None:
+    """``metric`` in ``RUN_DIR/eval.json`` (written by ``mode=eval``), None when the run has no such file or the
+    file lacks the metric (an evaluation of other splits)."""
+    path = run.run_dir / layout.EVAL
+    if not path.is_file():
+        return None
+    value = json.loads(path.read_text()).get(metric)
+    return None if value is None else float(value)
 
 
 def summarize(
@@ -88,7 +104,8 @@ def summarize(
         osc = {m: [x for r in members if (x := oscillation(r.history.get(m, []))) is not None]
                for m in OSCILLATION.values()}
         out.append(GroupSummary(label, [r.seed for r in members], statistics.fmean(best), statistics.fmean(final),
-                                seed_std(best), seed_std(final), osc))
+                                seed_std(best), seed_std(final), osc,
+                                [s.evaluated for s in scores if s.evaluated is not None]))
     return out
 
 
@@ -96,11 +113,12 @@ def _mean_std(mean: float, std: float, n: int, spec: str) -> str:
     return f"{mean:{spec}}" + (f" ± {std:{spec}}" if n > 1 else "")
 
 
-def _osc(values: list[float], runs: int) -> str:
+def _some_runs(values: list[float], runs: int, spec: str, scale: float = 1.0) -> str:
+    """Mean ± std of the runs that have a value, "(n of m runs)" when not all do, "n/a" when none does."""
     if not values:
         return "n/a"
     some = f" ({len(values)} of {runs} runs)" if len(values) < runs else ""
-    return _mean_std(statistics.fmean(values), seed_std(values), len(values), ".4f") + some
+    return _mean_std(scale * statistics.fmean(values), scale * seed_std(values), len(values), spec) + some
 
 
 def _rows(summaries: list[GroupSummary]) -> list[list[str]]:
@@ -108,7 +126,8 @@ def _rows(summaries: list[GroupSummary]) -> list[list[str]]:
         [s.label, str(len(s.seeds)), ", ".join(str(x) for x in s.seeds),
          _mean_std(100 * s.succ_star, 100 * s.succ_star_std, len(s.seeds), ".1f"),
          _mean_std(100 * s.succ, 100 * s.succ_std, len(s.seeds), ".1f"),
-         *[_osc(s.oscillation[m], len(s.seeds)) for m in OSCILLATION.values()]]
+         *[_some_runs(s.oscillation[m], len(s.seeds), ".4f") for m in OSCILLATION.values()],
+         _some_runs(s.evaluated, len(s.seeds), ".1f", scale=100)]
         for s in summaries
     ]
 
@@ -117,7 +136,7 @@ def _caption(window: int, from_step: int) -> str:
     after = f" (evaluations at step >= {from_step})" if from_step else ""
     return (f"Succ.* = best evaluation, Succ. = mean of the last {window}{after}; ΔH osc. / ΔH early osc. = "
             "std over RL steps of H_k - H_{k-1} of loss/entropy (L_H) / entropy/early_turns, n/a below 3 points; "
-            "mean ± std over seeds")
+            "Eval. = the final policy's eval.json (mode=eval); mean ± std over seeds")
 
 
 def rich_table(summaries: list[GroupSummary], metric: str, window: int, from_step: int = 0) -> Table:
