@@ -150,3 +150,12 @@ def test_eval_column_is_each_final_evaluation_averaged_over_the_runs_that_have_o
     (runs[2] / "eval.json").unlink()
     main([str(d) for d in runs] + ["--window", "2", "--markdown", str(md)])
     assert "| 0.2000 (1 of 2 runs) | 62.0 (1 of 2 runs) |" in md.read_text()
+
+
+def test_damaged_eval_json_is_one_error_line(runs, capsys):
+    (runs[0] / "eval.json").write_text('{"val/iid/success": 0.6')  # cut short
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(runs[0])])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("error: ") and "eval.json is not JSON" in err
+    assert err.count("\n") == 1

@@ -14,7 +14,8 @@
 
 An oscillation column averages the runs with at least 3 points of its metric (a std of at least two changes), and
 says "(n of m runs)" when some runs of the group have fewer; it shows "n/a" when none has (the metric was not logged,
-or the run is too short). Eval. does the same for the runs with an ``eval.json`` that holds the metric. The oscillation columns use every logged step (``--from-step`` applies to evaluations).
+or the run is too short). Eval. does the same for the runs with an ``eval.json`` that holds the metric. The
+oscillation columns use every logged step (``--from-step`` applies to evaluations).
 
 ``--from-step N`` keeps only the evaluations logged at RL step >= N: ``--from-step 1`` leaves out the starting
 level that ``val_at_start=true`` logs at step 0 (otherwise Succ.* can never fall below the starting policy's score).
@@ -87,7 +88,10 @@ def evaluated(run: Run, metric: str) -> float | None:
     path = run.run_dir / layout.EVAL
     if not path.is_file():
         return None
-    value = json.loads(path.read_text()).get(metric)
+    try:
+        value = json.loads(path.read_text()).get(metric)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path} is not JSON ({exc}); write it again with mode=eval ckpt_path=last") from None
     return None if value is None else float(value)
 
 
