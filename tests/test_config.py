@@ -57,6 +57,7 @@ def test_drgrpo_is_grpo_without_std_normalisation_or_length_normalisation(compos
         ("env.suite.wall_density=nan", "env.suite.wall_density must be a number in [0, 1), got nan"),
         ("trainer.devices=-2", "trainer.devices must be 'auto' or an integer >= 1, got -2"),
         ("trainer=ddp trainer.num_nodes=0", "trainer.num_nodes must be an integer >= 1, got 0"),
+        ("data.task_order=sorted", "data.task_order='sorted' is not valid; choose one of: random, shuffled"),
     ],
 )
 def test_bad_values_are_refused_at_start_naming_the_key(compose_cfg, override, expected):

@@ -32,22 +32,46 @@ class EvalBatch:
     episodes: list
 
 
+TASK_ORDERS = ("random", "shuffled")  # data.task_order
+
+
 class TaskSampler:
     """Training tasks of RL step k on rank r are a pure function of ``(seed, k, r)``, so the whole sampler
     state is ``step`` (saved in the checkpoint). A GRPO group is ``group_size`` rollouts of one task
-    (same task and variation)."""
+    (same task and variation).
 
-    def __init__(self, tasks: list[Task], seed: int, groups_per_step: int, group_size: int) -> None:
-        self.tasks, self.seed = tasks, seed
+    ``order``: ``random`` draws each group's task uniformly, with replacement, from a stream of ``(seed, k, r)``;
+    ``shuffled`` walks through the tasks in passes, each pass a permutation drawn from ``(seed, pass)``, and step k
+    on rank r of ``world`` ranks takes the ``groups_per_step`` places after ``(k * world + r) * groups_per_step``:
+    every task once per pass, no task on two ranks within a pass, the same stream for every rank count."""
+
+    def __init__(self, tasks: list[Task], seed: int, groups_per_step: int, group_size: int,
+                 order: str = "random") -> None:
+        self.tasks, self.seed, self.order = tasks, seed, order
         self.groups_per_step, self.group_size = groups_per_step, group_size
         self.step = 0
 
-    def draw(self, rank: int = 0) -> tuple[list[Task], list[int]]:
-        rng = random.Random(f"{self.seed}/{self.step}/{rank}")
+    def draw(self, rank: int = 0, world: int = 1) -> tuple[list[Task], list[int]]:
+        if self.order == "shuffled":
+            picked = self._next_in_passes((self.step * world + rank) * self.groups_per_step)
+        else:
+            rng = random.Random(f"{self.seed}/{self.step}/{rank}")
+            picked = [rng.choice(self.tasks) for _ in range(self.groups_per_step)]
         self.step += 1
-        picked = [rng.choice(self.tasks) for _ in range(self.groups_per_step)]
         tasks = [t for t in picked for _ in range(self.group_size)]
         return tasks, [g for g in range(self.groups_per_step) for _ in range(self.group_size)]
+
+    def _next_in_passes(self, start: int) -> list[Task]:
+        """Places ``start ..`` of the endless sequence of passes, each a permutation of the tasks."""
+        passes: dict[int, list[Task]] = {}
+        picked = []
+        for place in range(start, start + self.groups_per_step):
+            number, index = divmod(place, len(self.tasks))
+            if number not in passes:
+                passes[number] = list(self.tasks)
+                random.Random(f"{self.seed}/pass/{number}").shuffle(passes[number])
+            picked.append(passes[number][index])
+        return picked
 
 
 def validation_sample(tasks: list[Task], size: int | None, seed: int) -> list[Task]:
@@ -112,6 +136,7 @@ class RolloutDataModule(L.LightningDataModule):
         seed: int = 0,
         val_engine: Callable[..., GenerationEngine] | None = None,
         oversample: int = 1,
+        task_order: str = "random",
     ) -> None:
         super().__init__()
         self.suite, self.make_pool, self.make_engine, self.model_cfg = suite, pool, engine, model
@@ -120,7 +145,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.eval_splits, self.val_size, self.seed = list(eval_splits), val_size, seed
         self.train_sampling, self.val_sampling = SamplingParams(**train_sampling), SamplingParams(**val_sampling)
         self.groups_per_step, self.oversample = episodes_per_step // group_size, oversample
-        self.sampler = TaskSampler([], seed, self.groups_per_step * oversample, group_size)
+        self.sampler = TaskSampler([], seed, self.groups_per_step * oversample, group_size, task_order)
         self.engine: GenerationEngine | None = None
         self.val_engine: GenerationEngine | None = None
         self.pool: EnvPool | None = None
@@ -178,8 +203,8 @@ class RolloutDataModule(L.LightningDataModule):
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
     def next_train_batch(self) -> RolloutBatch:
-        rank, _ = self._rank()
-        tasks, groups = self.sampler.draw(rank)
+        rank, world = self._rank()
+        tasks, groups = self.sampler.draw(rank, world)
         step = self.sampler.step - 1
         if rank == 0:  # collection can take minutes: say it is alive
             log.info("step %d: collecting %d episodes ...", step, len(tasks))

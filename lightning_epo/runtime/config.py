@@ -18,6 +18,7 @@ from omegaconf import DictConfig, ListConfig
 from lightning_epo.algos import ADVANTAGES, KL_ESTIMATORS, PENALTIES, POLICY_LOSSES
 from lightning_epo.core import layout
 from lightning_epo.core.errors import ConfigError, UserError
+from lightning_epo.rollout.datamodule import TASK_ORDERS
 from lightning_epo.rollout.vllm_engine import VLLM_MISSING
 from lightning_epo.training.checkpoint_io import is_intact
 
@@ -187,6 +188,7 @@ def _choice(value: object, valid: list[str], key: str) -> None:
 def validate(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` with one line naming the key and the fix."""
     _choice(cfg.mode, ["train", "eval"], "mode")
+    _choice(cfg.data.task_order, list(TASK_ORDERS), "data.task_order")
     check_rules(cfg)
     if cfg.stop_at_step is not None and cfg.stop_at_step > cfg.total_steps:
         raise ConfigError(f"stop_at_step={cfg.stop_at_step} is beyond total_steps={cfg.total_steps}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import hydra
+
 from lightning_epo.envs.base import Task
 from lightning_epo.rollout.datamodule import TaskSampler, validation_sample
 
@@ -41,3 +43,39 @@ def test_sampler_state_is_its_step_so_a_restored_sampler_draws_the_same_tasks():
     restored.step = 2
     assert restored.draw() == draws[2]
     assert first.draw(rank=1) != TaskSampler(TASKS, seed=1, groups_per_step=2, group_size=2).draw(rank=0)
+
+
+def test_shuffled_order_plays_every_task_once_per_pass_and_restores_from_its_step():
+    """31 tasks, 3 groups a step: steps 0-9 play 30 different tasks, step 10 ends the pass and starts the next."""
+    sampler = TaskSampler(TASKS, seed=5, groups_per_step=3, group_size=2, order="shuffled")
+    draws = [sampler.draw()[0][::2] for _ in range(12)]  # one task per group
+    first_pass = [t for d in draws for t in d][:31]
+    assert sorted(first_pass, key=repr) == sorted(TASKS, key=repr)
+    assert [t for d in draws for t in d][31:] != first_pass[:5]  # the next pass is a new permutation
+    restored = TaskSampler(TASKS, seed=5, groups_per_step=3, group_size=2, order="shuffled")
+    restored.step = 10
+    assert restored.draw()[0][::2] == draws[10]
+    other_seed = TaskSampler(TASKS, seed=6, groups_per_step=3, group_size=2, order="shuffled")
+    assert [other_seed.draw()[0][::2] for _ in range(3)] != draws[:3]
+
+
+def test_shuffled_order_gives_ranks_disjoint_places_of_the_one_stream():
+    """Two ranks together play what one rank plays in twice the steps: no task twice within a pass."""
+    one = TaskSampler(TASKS, seed=2, groups_per_step=3, group_size=1, order="shuffled")
+    alone = [t for _ in range(4) for t in one.draw()[0]]
+    ranks = [TaskSampler(TASKS, seed=2, groups_per_step=3, group_size=1, order="shuffled") for _ in range(2)]
+    together = [t for _ in range(2) for r, sampler in enumerate(ranks) for t in sampler.draw(rank=r, world=2)[0]]
+    assert together == alone and len(set(together)) == len(together)
+
+
+def test_random_order_draws_with_replacement():
+    """The default: over 20 steps of 3 groups from 31 tasks, some task comes twice within the first 31 draws."""
+    sampler = TaskSampler(TASKS, seed=5, groups_per_step=3, group_size=1)
+    drawn = [t for _ in range(11) for t in sampler.draw()[0]][:31]
+    assert len(set(drawn)) < 31
+
+
+def test_task_order_reaches_the_sampler_from_the_command_line(compose_cfg):
+    datamodule = hydra.utils.instantiate(compose_cfg("env=gridworld", "data.task_order=shuffled").data)
+    assert datamodule.sampler.order == "shuffled"
+    assert hydra.utils.instantiate(compose_cfg("env=gridworld").data).sampler.order == "random"
