@@ -79,10 +79,11 @@ def score_run(run: Run, metric: str, window: int, from_step: int = 0) -> RunScor
         logged = sorted(k for k in run.history if k.startswith("val/")) or ["none"]
         raise UserError(f"{run.run_dir} has no '{metric}' points at step >= {from_step}; its validation metrics: "
                         f"{', '.join(logged)}")
-    return RunScore(run, best=max(values), final=statistics.fmean(values[-window:]), evaluated=evaluated(run, metric))
+    return RunScore(run, best=max(values), final=statistics.fmean(values[-window:]),
+                    evaluated=final_evaluation(run, metric))
 
 
-def evaluated(run: Run, metric: str) -> float | None:
+def final_evaluation(run: Run, metric: str) -> float | None:
     """``metric`` in ``RUN_DIR/eval.json`` (written by ``mode=eval``), None when the run has no such file or the
     file lacks the metric (an evaluation of other splits)."""
     path = run.run_dir / layout.EVAL
