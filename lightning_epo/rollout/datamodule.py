@@ -47,6 +47,8 @@ class TaskSampler:
 
     def __init__(self, tasks: list[Task], seed: int, groups_per_step: int, group_size: int,
                  order: str = "random") -> None:
+        if order not in TASK_ORDERS:
+            raise ValueError(f"order={order!r} is not one of: {', '.join(TASK_ORDERS)}")
         self.tasks, self.seed, self.order = tasks, seed, order
         self.groups_per_step, self.group_size = groups_per_step, group_size
         self.step = 0

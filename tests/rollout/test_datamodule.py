@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import hydra
+import pytest
 
 from lightning_epo.envs.base import Task
 from lightning_epo.rollout.datamodule import TaskSampler, validation_sample
@@ -69,7 +70,7 @@ def test_shuffled_order_gives_ranks_disjoint_places_of_the_one_stream():
 
 
 def test_random_order_draws_with_replacement():
-    """The default: over 20 steps of 3 groups from 31 tasks, some task comes twice within the first 31 draws."""
+    """The default: in 11 steps of 3 groups from 31 tasks, some task comes twice within the first 31 draws."""
     sampler = TaskSampler(TASKS, seed=5, groups_per_step=3, group_size=1)
     drawn = [t for _ in range(11) for t in sampler.draw()[0]][:31]
     assert len(set(drawn)) < 31
@@ -79,3 +80,9 @@ def test_task_order_reaches_the_sampler_from_the_command_line(compose_cfg):
     datamodule = hydra.utils.instantiate(compose_cfg("env=gridworld", "data.task_order=shuffled").data)
     assert datamodule.sampler.order == "shuffled"
     assert hydra.utils.instantiate(compose_cfg("env=gridworld").data).sampler.order == "random"
+
+
+def test_an_unknown_task_order_is_refused_not_drawn_at_random():
+    """The start check names the choices for the command line; a sampler built in code refuses too."""
+    with pytest.raises(ValueError, match="order='shufled' is not one of: random, shuffled"):
+        TaskSampler(TASKS, seed=0, groups_per_step=1, group_size=1, order="shufled")
