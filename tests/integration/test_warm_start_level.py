@@ -1,5 +1,5 @@
 """``experiment=gridworld_sft`` reaches the level docs/learning.md states for seeds 0-2 and 1 or 2 threads (slow: six
-supervised runs of about 4 minutes and their evaluations, about 30 minutes). Different thread counts round
+supervised runs of about 3 minutes and two evaluations each, about 30 minutes). Different thread counts round
 differently: the cheapest stand-in for another machine, whose rounding once decided whether the warm start left
 its plateau at all (0.78 IID on one machine, 0.22 on another).
 
@@ -16,9 +16,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# docs/learning.md: the final policy on 300 episodes per split (2026-11-23). Out of distribution
-# the seeds themselves differ by up to +-0.06 (seed 0 about 0.32, seeds 1 and 2 about 0.22; thread counts agree).
-LEVEL = {"val/iid/success": (0.71, 0.05), "val/ood/success": (0.27, 0.06)}
+# docs/learning.md: the final policy's level and how far each run may lie from it, per evaluation.
+# 300 episodes over each split's 100 tasks (what the learning runs and the comparison report; 2026-11-23): out of
+# distribution the seeds differ by up to +-0.06 there. 1,000 tasks per split, each once (2026-11-24): a run's figure
+# no longer rests on 100 tasks, and every run lies within +-0.05.
+EVALUATIONS = {
+    "300 episodes": (("env.val_size=300",), {"val/iid/success": (0.71, 0.05), "val/ood/success": (0.27, 0.06)}),
+    "1000 tasks": (("env.val_size=1000", "env.suite.num_eval_tasks=1000"),
+                   {"val/iid/success": (0.76, 0.05), "val/ood/success": (0.33, 0.05)}),
+}
 pytestmark = pytest.mark.slow
 
 
@@ -31,7 +37,9 @@ def train_py(run_dir: Path, *args: str) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_warm_start_reaches_the_stated_level(tmp_path, seed, threads):
     train_py(tmp_path, f"seed={seed}", f"torch_threads={threads}")
-    train_py(tmp_path, f"seed={seed}", "mode=eval", "ckpt_path=last", "env.val_size=300")
-    final = json.loads((tmp_path / "eval.json").read_text())
-    for metric, (level, tolerance) in LEVEL.items():
-        assert abs(final[metric] - level) <= tolerance, f"{metric} {final[metric]:.3f}, stated {level} +- {tolerance}"
+    for name, (overrides, level) in EVALUATIONS.items():
+        train_py(tmp_path, f"seed={seed}", "torch_threads=1", "mode=eval", "ckpt_path=last", *overrides)
+        final = json.loads((tmp_path / "eval.json").read_text())
+        for metric, (stated, tolerance) in level.items():
+            assert abs(final[metric] - stated) <= tolerance, (
+                f"{name}: {metric} {final[metric]:.3f}, stated {stated} +- {tolerance}")
