@@ -86,6 +86,14 @@ def test_splits_are_fixed_non_empty_and_disjoint(suite: GridworldSuite) -> None:
     assert all(t.split == s for s in SPLITS for t in tasks[s])
 
 
+def test_more_evaluation_tasks_keep_the_first_ones(suite: GridworldSuite) -> None:
+    # docs/learning.md evaluates on 1,000 tasks per split, whose first 100 are the tasks the runs evaluate on
+    larger = GridworldSuite(num_train_tasks=300, num_eval_tasks=150)
+    for split in ("iid", "ood"):
+        assert larger.tasks(split)[:60] == suite.tasks(split)
+        assert len(set(larger.tasks(split))) == 150
+
+
 def test_iid_skips_layouts_that_a_train_task_already_has() -> None:
     # A 3x3 empty grid with distance 1 has only 24 layouts per family, so collisions are certain.
     small = GridworldSuite(
