@@ -8,6 +8,7 @@ from typing import Any
 
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
+from lightning.pytorch.strategies.deepspeed import remove_module_hooks
 
 from lightning_epo.core.errors import ConfigError
 
@@ -61,14 +62,49 @@ def deepspeed_config(
     return config
 
 
-class CPUDeepSpeedStrategy(DeepSpeedStrategy):
-    """Lightning's ``DeepSpeedStrategy`` on CPU processes (gloo), for ``trainer.accelerator=cpu``.
+class ZeroStrategy(DeepSpeedStrategy):
+    """Lightning's ``DeepSpeedStrategy`` with one DeepSpeed engine at a time on the model.
+
+    A ``trainer.validate`` before ``trainer.fit`` (``val_at_start``) wraps the module in DeepSpeed's inference
+    engine, which under ZeRO-3 hooks every submodule to gather and release its shards. ``fit`` then wraps the same
+    module in a training engine whose hooks would run beside the first's (Lightning issue #17523: Lightning removes
+    hooks before building an inference engine, not before a training one): every forward gathered twice. The
+    inference engine is destroyed (``DeepSpeedEngine.destroy`` removes its hooks) before the training one is built.
+    A ZeRO-3 checkpoint loads into the inference engine (:meth:`load_checkpoint`).
+    """
+
+    _inference_engine: Any = None
+
+    def _initialize_deepspeed_inference(self, model) -> None:
+        super()._initialize_deepspeed_inference(model)
+        self._inference_engine = self.model
+
+    def _initialize_deepspeed_train(self, model) -> None:
+        if self._inference_engine is not None:
+            self._inference_engine.destroy()
+            self._inference_engine = None
+        super()._initialize_deepspeed_train(model)
+
+    def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict[str, Any]:
+        """As Lightning's, and under ZeRO-3 into the inference engine too (``mode=eval``): DeepSpeed 0.19.8 loads the
+        checkpoint's consolidated weights into the module (``load_optimizer_states=False``), then has the engine's
+        optimizer rebuild its fp32 master weights from them, which an engine without optimizer lacks (its
+        parameter offloader has no ``_restore_from_bit16_weights``): it has no master weights to rebuild."""
+        engine = self.deepspeed_engine
+        if engine is self._inference_engine and self.zero_stage_3:
+            engine.optimizer._restore_from_bit16_weights = lambda: None
+        return super().load_checkpoint(checkpoint_path, weights_only)
+
+
+class CPUDeepSpeedStrategy(ZeroStrategy):
+    """:class:`ZeroStrategy` on CPU processes (gloo), for ``trainer.accelerator=cpu``.
 
     DeepSpeed picks its CPU accelerator by itself when there is no CUDA (it JIT-builds a small communication
     op with g++ on first use). Lightning refuses CPU in three places, overridden here: the CUDA check of
     ``setup_environment``, the device-index check of ``setup_distributed`` (CPU devices have no index), and
-    ``device_rank=root_device.index`` given to ``deepspeed.initialize`` (None on CPU, which DeepSpeed cannot
-    compare; any rank >= 0 makes it take the process group's world size and rank, and the CPU as device).
+    ``device_rank=root_device.index`` given to ``deepspeed.initialize`` for training and for inference (None on
+    CPU, which DeepSpeed cannot compare; any rank >= 0 makes it take the process group's world size and rank,
+    and the CPU as device).
     """
 
     def setup_environment(self) -> None:
@@ -80,22 +116,34 @@ class CPUDeepSpeedStrategy(DeepSpeedStrategy):
         self._init_deepspeed_distributed()
 
     def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
-        import deepspeed
-
-        engine, deepspeed_optimizer, _, _ = deepspeed.initialize(
-            args=argparse.Namespace(device_rank=self.local_rank),
+        engine, deepspeed_optimizer, _, _ = self._deepspeed_initialize(
             config=self.config,
             model=model,
             model_parameters=[p for p in model.parameters() if p.requires_grad],
             optimizer=optimizer,
             lr_scheduler=lr_scheduler,
-            dist_init_required=False,
         )
         return engine, deepspeed_optimizer
 
+    def _initialize_deepspeed_inference(self, model) -> None:
+        """Lightning 2.6.6's inference engine (``trainer.validate``, ``mode=eval``) with the CPU's device rank."""
+        config = {"train_micro_batch_size_per_gpu": 1}
+        config.update({key: self.config[key] for key in ("fp16", "bf16") if key in self.config})
+        if self.zero_stage_3:
+            config.update({key: self.config[key] for key in ("zero_allow_untested_optimizer", "zero_optimization")})
+        remove_module_hooks(model)
+        engine = self._deepspeed_initialize(config=config, model=model, model_parameters=[])[0]
+        self.model = self._inference_engine = engine
+
+    def _deepspeed_initialize(self, **kwargs):
+        import deepspeed
+
+        device_rank = argparse.Namespace(device_rank=self.local_rank)
+        return deepspeed.initialize(args=device_rank, dist_init_required=False, **kwargs)
+
 
 def deepspeed_strategy(stage: int, precision: str, gradient_clipping: float, accelerator: str = "gpu", **options: Any):
-    """Lightning's ``DeepSpeedStrategy`` with :func:`deepspeed_config` (``trainer=deepspeed_stage_2|3``);
+    """:class:`ZeroStrategy` with :func:`deepspeed_config` (``trainer=deepspeed_stage_2|3``);
     :class:`CPUDeepSpeedStrategy` when ``accelerator`` is ``cpu``."""
-    strategy = CPUDeepSpeedStrategy if accelerator == "cpu" else DeepSpeedStrategy
+    strategy = CPUDeepSpeedStrategy if accelerator == "cpu" else ZeroStrategy
     return strategy(config=deepspeed_config(stage, precision, gradient_clipping, **options))

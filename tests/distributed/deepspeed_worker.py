@@ -13,6 +13,9 @@ Every DeepSpeed job of the tests, in one launch (process start-up dominates on a
 - ``nonfinite-zero<stage>``: the same with a NaN loss (finite gradients) at every step, saved likewise.
 - ``resume``: gridworld under ZeRO-3 with ``rollout=expert``: two RL steps with ``export_policy=true``
   (``OUT_DIR/full``), and one step, stopped, then resumed with ``ckpt_path=last`` (``OUT_DIR/resumed``).
+- ``validated``: one step of the same after an evaluation before fit (``val_at_start=true``), and ``mode=eval`` of
+  ``full``'s checkpoint; each run's actor forward hooks at the start of fit in ``OUT_DIR/<run>-hooks-rank<r>.txt``,
+  the evaluated actor's weights in ``OUT_DIR/evaluated-actor.pt``.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import os
 import sys
 from pathlib import Path
 
+import lightning as L
 import torch
 
 import lightning_epo.training.module as module_lib
+from lightning_epo.models.weights import hf_weights
 from lightning_epo.training.strategies import deepspeed_strategy
 from tests.distributed.ddp_worker import SGD, compose_cfg, train_fixed
 from tests.test_nonfinite_guard import PoisonFrom, nan_loss_objective
@@ -38,6 +43,36 @@ RESUME = [
 def strategy(name: str, grad_clip: float):
     """Lightning's ``ddp``, or the project's DeepSpeed strategy on CPU (``zero2`` / ``zero3``)."""
     return "ddp" if name == "ddp" else deepspeed_strategy(int(name[-1]), "32-true", grad_clip, accelerator="cpu")
+
+
+class ForwardHookCount(L.Callback):
+    """Writes the number of forward (pre-)hooks on the actor's modules when fit starts (ZeRO-3 gathers shards in
+    them: one engine's hooks, or two)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        hooks = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in pl_module.actor.modules())
+        Path(self.path).write_text(str(hooks))
+
+
+class ActorWeights(L.Callback):
+    """Saves the actor's full weights (gathered from the shards) when an evaluation starts."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        weights = dict(hf_weights(pl_module.actor))
+        if trainer.is_global_zero:
+            torch.save(weights, self.path)
+
+
+def count_hooks(out_dir: str, run: str) -> list[str]:
+    target = f"{__name__}.{ForwardHookCount.__name__}"
+    path = f"{out_dir}/{run}-hooks-rank{os.environ['RANK']}.txt"
+    return [f"+callbacks.hooks._target_={target}", f"+callbacks.hooks.path={path}"]
 
 
 def main(model_dir: str, out_dir: str) -> None:
@@ -65,9 +100,14 @@ def main(model_dir: str, out_dir: str) -> None:
         result = train_fixed(cfg, world=2, strategy=strategy(name, cfg.optim.grad_clip))
         torch.save(result, out / f"nonfinite-{name}-rank{rank}.pt")
     module_lib.epo_objective = real_objective
-    run(compose_cfg(model_dir, f"{out_dir}/full", *RESUME, "export_policy=true"))
+    run(compose_cfg(model_dir, f"{out_dir}/full", *RESUME, "export_policy=true", *count_hooks(out_dir, "full")))
     run(compose_cfg(model_dir, f"{out_dir}/resumed", *RESUME, "stop_at_step=1"))
     run(compose_cfg(model_dir, f"{out_dir}/resumed", *RESUME, "ckpt_path=last"))
+    validated = [*RESUME, "val_at_start=true", "total_steps=1", *count_hooks(out_dir, "validated")]
+    run(compose_cfg(model_dir, f"{out_dir}/validated", *validated))
+    weights = f"+callbacks.weights._target_={__name__}.{ActorWeights.__name__}"
+    run(compose_cfg(model_dir, f"{out_dir}/full", *RESUME, "mode=eval", "ckpt_path=last", weights,
+                    f"+callbacks.weights.path={out_dir}/evaluated-actor.pt"))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ One torchrun launch (``deepspeed_worker.py``) runs every DeepSpeed job of this f
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -111,3 +112,29 @@ def test_nonfinite_step_is_skipped_and_counted(ds_outputs, tiny_model_path, stag
         initial = load_file(str(Path(tiny_model_path) / "model.safetensors"))
         for name, value in initial.items():
             assert torch.equal(result["params"][f"actor.{name}"], value), name
+
+
+def test_evaluation_before_fit_leaves_one_engine_on_the_model(ds_outputs):
+    """ZeRO-3, ``val_at_start=true``: the evaluation's inference engine (built by ``trainer.validate``) is gone when
+    fit builds its training engine, so each module carries the hooks of one engine, as in a run without the
+    evaluation (with both engines' hooks every forward gathers the shards twice). The evaluation itself ran."""
+    for rank in (0, 1):
+        plain = int((ds_outputs / f"full-hooks-rank{rank}.txt").read_text())
+        validated = int((ds_outputs / f"validated-hooks-rank{rank}.txt").read_text())
+        assert plain > 0 and validated == plain
+    rows = list(csv.DictReader((ds_outputs / "validated" / "csv" / "metrics.csv").open()))
+    assert any(row["step"] == "0" and row.get("val/iid/success") for row in rows)
+    assert any(row.get("loss/total") for row in rows)
+
+
+def test_mode_eval_of_a_zero3_checkpoint_evaluates_its_weights(ds_outputs):
+    """``mode=eval ckpt_path=last`` on a ZeRO-3 run loads its sharded checkpoint into DeepSpeed's inference engine
+    (on CPU, at the rank's own device index): the evaluated actor holds the checkpoint's trained weights, and
+    eval.json is written."""
+    evaluated = load(ds_outputs / "evaluated-actor.pt")
+    trained = {n.removeprefix("actor."): v for n, v in consolidated(ds_outputs / "full").items() if n.startswith("actor.")}
+    assert evaluated.keys() == trained.keys() - {"lm_head.weight"}  # tied to the embeddings
+    for name, value in evaluated.items():
+        assert torch.equal(value, trained[name]), name
+    results = json.loads((ds_outputs / "full" / "eval.json").read_text())
+    assert {"val/iid/success", "val/ood/success"} <= results.keys()
