@@ -7,7 +7,7 @@ VLLM_STAMP := .venv-vllm/.installed
 # vLLM's CUDA wheels where a GPU driver is installed, its CPU build elsewhere
 GPU := $(shell command -v nvidia-smi 2>/dev/null)
 
-.PHONY: setup setup-vllm smollm2 tiny-gridworld train test test-slow
+.PHONY: setup setup-vllm smollm2 tiny-gridworld train test test-slow doctor
 
 $(STAMP): requirements.txt
 	python3 -m venv .venv
@@ -57,6 +57,10 @@ train: setup
 test: setup setup-vllm
 	$(PY) -m pytest -q $(ARGS)
 	$(VLLM_PY) -m pytest -q -m vllm $(ARGS)
+
+# can this machine run the configuration ARGS selects? one line per component, exit 1 on a problem
+doctor: setup
+	$(PY) -m lightning_epo.doctor $(ARGS)
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow $(ARGS)

@@ -154,12 +154,13 @@ class RolloutDataModule(L.LightningDataModule):
         self.collector: EpisodeCollector | None = None
         self.val_collector: EpisodeCollector | None = None
         self._weights_bound = False
+        self.fit_follows = False  # the next trainer.validate is followed by fit: keep engines and environments open
 
     def setup(self, stage: str) -> None:
-        if self.collector is not None:
-            return
         if stage == "fit":
             self.sampler.tasks = self.suite.tasks("train")
+        if self.collector is not None:  # kept open from an evaluation before fit (``fit_follows``)
+            return
         for split in self.eval_splits:
             self.suite.tasks(split)  # fail at start, with the suite's message, on an empty or unknown split
         self.tokenizer = load_tokenizer(self.model_cfg)
@@ -188,6 +189,12 @@ class RolloutDataModule(L.LightningDataModule):
             self.sync_weights(self.trainer.lightning_module.actor)
 
     def teardown(self, stage: str) -> None:
+        """Close the environments and the engines, but not after an evaluation that ``fit`` follows
+        (``fit_follows``, set by the run for ``val_at_start``): fit reuses them. Besides the cost of a second start
+        (a vLLM engine, a pool of JVMs), vLLM's engine destroys the default process group as it shuts down (vLLM
+        0.32's ``EngineCore.shutdown``): in a distributed run that is the trainer's, and fit would hang on it."""
+        if stage == "validate" and self.fit_follows:
+            return
         if self.pool is not None:
             self.pool.close()
         for engine in self._engines():

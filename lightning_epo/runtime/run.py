@@ -63,7 +63,9 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]
             log.info("wrote %s", run_dir / layout.EVAL)
             return metrics
         if cfg.val_at_start and ckpt_path is None:
+            datamodule.fit_follows = True  # fit reuses the evaluation's engines and environments
             trainer.validate(module, datamodule=datamodule)
+            datamodule.fit_follows = False
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         return {k: float(v) for k, v in trainer.callback_metrics.items()}
     except BaseException:

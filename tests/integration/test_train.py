@@ -84,3 +84,23 @@ def test_tiny_model_is_built_before_any_trainer_starts(compose_cfg, tmp_path, mo
     with pytest.raises(RuntimeError, match="no objects"):
         run(cfg)
     assert (tmp_path / "fresh_tiny" / "model.safetensors").is_file()
+
+
+def test_an_evaluation_before_fit_hands_its_engine_and_environments_to_fit(compose_cfg, monkeypatch):
+    """``val_at_start=true``: fit trains with the engine and the environment pool the first evaluation opened, and
+    closes them once at the end. (Closed after the evaluation, a vLLM engine's shutdown destroyed the trainer's
+    process group, and a distributed fit hung on it; a second start of the engine and the pool costs minutes.)"""
+    from lightning_epo.envs.sync_pool import SyncEnvPool
+    from lightning_epo.rollout.hf_engine import HFEngine
+
+    events = []
+
+    def recorded(method, event):
+        return lambda self, *args, **kwargs: events.append(event) or method(self, *args, **kwargs)
+
+    for cls, name in ((HFEngine, "engine"), (SyncEnvPool, "pool")):
+        monkeypatch.setattr(cls, "__init__", recorded(cls.__init__, f"{name} built"))
+        monkeypatch.setattr(cls, "close", recorded(cls.close, f"{name} closed"))
+    metrics = run(compose_cfg(*FAST, "val_at_start=true", "test_every=1000"))
+    assert sorted(events) == ["engine built", "engine closed", "pool built", "pool closed"]
+    assert "val/iid/success" in metrics and "loss/total" in metrics
