@@ -7,7 +7,7 @@ VLLM_STAMP := .venv-vllm/.installed
 # vLLM's CUDA wheels where a GPU driver is installed, its CPU build elsewhere
 GPU := $(shell command -v nvidia-smi 2>/dev/null)
 
-.PHONY: setup setup-vllm smollm2 tiny-gridworld train test test-slow doctor
+.PHONY: setup setup-vllm smollm2 tiny-gridworld train test test-slow doctor gpu-check
 
 $(STAMP): requirements.txt
 	python3 -m venv .venv

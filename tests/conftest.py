@@ -49,3 +49,12 @@ def vllm_env():
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_CPU_CI_ENV", "1")
         yield
+
+
+@pytest.fixture
+def gpu_machine(monkeypatch):
+    """The start checks (``check_machine``) as on a CUDA node with vLLM and DeepSpeed installed."""
+    from lightning_epo.runtime import config
+
+    monkeypatch.setattr(config.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(config.importlib.util, "find_spec", lambda name: object())

@@ -59,8 +59,9 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]
         if cfg.mode == "eval":
             results = trainer.validate(module, datamodule=datamodule, ckpt_path=ckpt_path)
             metrics = {k: float(v) for split in results for k, v in split.items()}
-            (run_dir / layout.EVAL).write_text(json.dumps(metrics, indent=2, sort_keys=True))
-            log.info("wrote %s", run_dir / layout.EVAL)
+            if trainer.is_global_zero:  # the metrics are reduced over ranks: one writer
+                (run_dir / layout.EVAL).write_text(json.dumps(metrics, indent=2, sort_keys=True))
+                log.info("wrote %s", run_dir / layout.EVAL)
             return metrics
         if cfg.val_at_start and ckpt_path is None:
             datamodule.fit_follows = True  # fit reuses the evaluation's engines and environments

@@ -547,6 +547,10 @@ class EPOModule(L.LightningModule):
         if self.algo.get("target_kl") is not None:  # without a target it is always ppo_epochs * mini_batches
             self._log("ppo/optimizer_steps", optimizer_steps)
         self._log("perf/update_s", total["perf/update_s"] / world)
+        if self.device.type == "cuda":  # the RL step's peak on the fullest GPU: its rollout and its update
+            peak = torch.tensor(float(torch.cuda.max_memory_allocated(self.device)), device=self.device)
+            self._log("perf/peak_memory_gib", self._reduce(peak, "max") / 2**30)
+            torch.cuda.reset_peak_memory_stats(self.device)
         self._log("train/lr", self.lr_schedulers().get_last_lr()[0])
         self._log("train/skipped_steps", self.skipped_steps)
         if self.algo.epo.enabled:
