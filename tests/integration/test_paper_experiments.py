@@ -112,3 +112,40 @@ def test_paper_experiment_as_shipped_evaluates_trains_and_evaluates_its_checkpoi
     train_py(*arguments, "mode=eval", "ckpt_path=last")
     results = json.loads((run_dir / "eval.json").read_text())
     assert {"val/iid/success", "val/ood/success"} <= results.keys()
+
+
+ONE_GPU = {"alfworld_1gpu": "paper_alfworld_grpo_epo", "sciworld_1gpu": "paper_sciworld_grpo_epo"}
+
+
+@pytest.mark.parametrize("experiment", sorted(ONE_GPU))
+def test_one_gpu_recipe_fits_an_80_gb_gpu_and_passes_the_start_checks(gpu_machine, experiment):
+    """The paper's run of its environment on one GPU: LoRA, gradient checkpointing, vLLM colocated with its share and
+    sleep mode; the doctor's estimate of it fits 80 GB, the paper's own 8-GPU config on one GPU does not."""
+    from lightning_epo.doctor.memory import GIB, KNOWN_SHAPES, estimate
+
+    cfg, paper = shipped(f"experiment={experiment}"), shipped(f"experiment={ONE_GPU[experiment]}", "trainer.devices=1")
+    assert (cfg.trainer.devices, cfg.trainer.precision, cfg.trainer.strategy) == (1, "bf16-mixed", "auto")
+    assert cfg.model.lora.r and cfg.model.gradient_checkpointing and cfg.rollout.engine.enable_sleep_mode
+    assert (cfg.algo.name, cfg.total_steps, cfg.algo.epo.alpha) == (paper.algo.name, paper.total_steps,
+                                                                   paper.algo.epo.alpha)
+    shape = KNOWN_SHAPES[cfg.model.name_or_path]
+    assert estimate(shape, cfg, 1, 80 * GIB, on_gpu=True).fits
+    assert not estimate(shape, paper, 1, 80 * GIB, on_gpu=True).fits
+    validate(cfg)
+    check_machine(cfg)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("experiment", [
+    pytest.param("alfworld_1gpu", marks=pytest.mark.alfworld),
+    pytest.param("sciworld_1gpu", marks=[pytest.mark.sciworld, pytest.mark.slow]),
+])
+def test_one_gpu_recipe_evaluates_and_trains_on_cpu(vllm_env, tiny_model_path, tmp_path, experiment):
+    """As shipped but on one CPU process in float32 (no GPU here) with the tiny model and small sizes: the first
+    evaluation and an RL step with LoRA, gradient checkpointing and vLLM."""
+    run_dir = tmp_path / "run"
+    on_cpu = [o.replace("total_steps=2", "total_steps=1") for o in SHRUNK_ON_CPU if o != "trainer.devices=2"]
+    train_py(f"experiment={experiment}", *on_cpu, f"model.name_or_path={tiny_model_path}", f"hydra.run.dir={run_dir}")
+    rows = list(csv.DictReader((run_dir / "csv" / "metrics.csv").open()))
+    assert any(row.get("val/iid/success") and row["step"] == "0" for row in rows)
+    assert len([row for row in rows if row.get("loss/total")]) == 1
