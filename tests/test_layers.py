@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_epo"
-LAYERS = ["core", "algos", "envs", "models", "rollout", "training", "callbacks", "runtime", "reports"]
+LAYERS = ["core", "algos", "envs", "models", "rollout", "training", "callbacks", "runtime", "reports", "doctor"]
 
 
 def imported_layers(path: Path) -> list[tuple[int, str]]:
