@@ -1,5 +1,5 @@
 """Checkpoints are written atomically; ``ckpt_path=last`` falls back to the newest intact ``rl_step=K.ckpt`` when
-``last.ckpt`` is damaged; a damaged explicit ``ckpt_path`` fails with one line."""
+``last.ckpt`` is damaged or missing; a damaged explicit ``ckpt_path`` fails with one line."""
 
 from __future__ import annotations
 
@@ -44,6 +44,21 @@ def test_damaged_last_ckpt_resumes_from_the_newest_intact_periodic_one(compose_c
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "last.ckpt" in r.getMessage()]
     assert len(warnings) == 1 and "rl_step=5.ckpt" in warnings[0], warnings
     assert set(logged(run_dir)) == set(range(6))  # steps 0-4 from the first run, 5 from the resumed one
+
+
+def test_missing_last_ckpt_resumes_from_the_newest_intact_periodic_one(compose_cfg, tmp_path, caplog):
+    """``last.ckpt`` deleted (a cleanup, a partial copy of the run directory) with ``rl_step=5.ckpt`` beside it:
+    resumed from that, as from a damaged one, instead of "last.ckpt does not exist: pass hydra.run.dir"."""
+    run_dir = tmp_path / "run"
+    run(compose_cfg(*FAST, "stop_at_step=5", f"run_dir={run_dir}"))
+    (run_dir / "checkpoints" / "last.ckpt").unlink()
+
+    with caplog.at_level(logging.WARNING):
+        run(compose_cfg(*FAST, "ckpt_path=last", f"run_dir={run_dir}"))
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "last.ckpt" in r.getMessage()]
+    assert len(warnings) == 1 and "is missing" in warnings[0] and "rl_step=5.ckpt" in warnings[0], warnings
+    assert set(logged(run_dir)) == set(range(6))
 
 
 def test_garbage_ckpt_path_fails_with_one_line_naming_the_file(tmp_path):

@@ -20,7 +20,7 @@ from lightning_epo.core import layout
 from lightning_epo.core.errors import ConfigError, UserError
 from lightning_epo.rollout.datamodule import TASK_ORDERS
 from lightning_epo.rollout.vllm_engine import VLLM_MISSING
-from lightning_epo.training.checkpoint_io import is_intact
+from lightning_epo.training.checkpoint_io import is_intact, unsafe_content
 
 log = logging.getLogger(__name__)
 
@@ -271,8 +271,9 @@ def _warm_start(warm_start: DictConfig) -> None:
 
 
 def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
-    """``last`` -> ``RUN_DIR/checkpoints/last.ckpt`` (Lightning's convention), or, when that file is damaged, the
-    newest intact ``rl_step=K.ckpt`` beside it (with a warning); other paths pass through once checked intact."""
+    """``last`` -> ``RUN_DIR/checkpoints/last.ckpt`` (Lightning's convention), or, when that file is missing or
+    damaged, the newest intact ``rl_step=K.ckpt`` beside it (with a warning); other paths pass through once checked
+    intact. Either is refused in one line when a safe load would refuse it or it is not a Lightning checkpoint."""
     if ckpt_path is None:
         return None
     if ckpt_path != "last":
@@ -281,19 +282,28 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
                 f"ckpt_path '{ckpt_path}' is not an intact checkpoint (truncated, or not a Lightning .ckpt): give "
                 "another one, e.g. RUN_DIR/checkpoints/rl_step=K.ckpt, or ckpt_path=last"
             )
+        if (problem := unsafe_content(Path(ckpt_path))) is not None:
+            raise ConfigError(f"ckpt_path '{ckpt_path}' {problem}")
         return ckpt_path
     checkpoints = run_dir / layout.CHECKPOINTS
     last = checkpoints / layout.LAST_CHECKPOINT
-    if not last.exists():
-        raise ConfigError(f"ckpt_path=last but {last} does not exist: pass hydra.run.dir=<the run's directory>")
-    if is_intact(last):
-        return str(last)
+    chosen = last if is_intact(last) else _newest_periodic(checkpoints, last)
+    if (problem := unsafe_content(chosen)) is not None:
+        raise ConfigError(f"{chosen} {problem}")
+    return str(chosen)
+
+
+def _newest_periodic(checkpoints: Path, last: Path) -> Path:
+    """The newest intact ``rl_step=K.ckpt`` in place of a missing or damaged ``last.ckpt`` (with a warning)."""
     periodic = sorted(checkpoints.glob("rl_step=*.ckpt"), key=lambda p: int(p.stem.partition("=")[2]), reverse=True)
     fallback = next((p for p in periodic if is_intact(p)), None)
+    state = "damaged (truncated)" if last.exists() else "missing"
+    if fallback is None and not last.exists():
+        raise ConfigError(f"ckpt_path=last but {last} does not exist: pass hydra.run.dir=<the run's directory>")
     if fallback is None:
         raise ConfigError(f"{last} is damaged (truncated) and no intact rl_step=K.ckpt is beside it: start afresh")
-    log.warning("%s is damaged (truncated); resuming from %s, the newest intact checkpoint", last, fallback.name)
-    return str(fallback)
+    log.warning("%s is %s; resuming from %s, the newest intact checkpoint", last, state, fallback.name)
+    return fallback
 
 
 DEEPSPEED_FACTORY = "lightning_epo.training.strategies.deepspeed_strategy"

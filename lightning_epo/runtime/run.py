@@ -16,6 +16,7 @@ from lightning_epo.core import layout
 from lightning_epo.core.secrets import scrub_hydra_output
 from lightning_epo.models.loading import model_source
 from lightning_epo.runtime.config import check_machine, resolve_ckpt_path, validate
+from lightning_epo.runtime.console import closing_lines
 from lightning_epo.runtime.resolvers import register_resolvers
 from lightning_epo.runtime.warm_start import command_line_overrides, run_warm_start, start_from
 
@@ -57,7 +58,7 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]
         logger = build_logger(cfg) if cfg.mode == "train" else False
         trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=build_callbacks(cfg), logger=logger)
         if cfg.mode == "eval":
-            results = trainer.validate(module, datamodule=datamodule, ckpt_path=ckpt_path)
+            results = trainer.validate(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
             metrics = {k: float(v) for split in results for k, v in split.items()}
             if trainer.is_global_zero:  # the metrics are reduced over ranks: one writer
                 (run_dir / layout.EVAL).write_text(json.dumps(metrics, indent=2, sort_keys=True))
@@ -65,12 +66,16 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]
             return metrics
         if cfg.val_at_start and ckpt_path is None:
             datamodule.fit_follows = True  # fit reuses the evaluation's engines and environments
-            trainer.validate(module, datamodule=datamodule)
+            trainer.validate(module, datamodule=datamodule, verbose=False)  # SuccessReport logs its line, no table
             datamodule.fit_follows = False
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-        return {k: float(v) for k, v in trainer.callback_metrics.items()}
+        # weights_only passed, not left to torch's default, which TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 turns off
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except BaseException:
         finish_wandb_run(failed=True)
         raise
     finally:
         finish_wandb_run()  # Lightning never closes the wandb run; a second run in this process would reuse it
+    if trainer.is_global_zero:  # after the progress bar and wandb's last words: the run's last lines
+        for line in closing_lines(trainer, run_dir):
+            log.info(line)
+    return {k: float(v) for k, v in trainer.callback_metrics.items()}

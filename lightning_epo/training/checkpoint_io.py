@@ -1,8 +1,9 @@
-"""Checkpoint files written atomically, and a cheap check that one is intact."""
+"""Checkpoint files written atomically, a cheap check that one is intact, and one that it is safe to load."""
 
 from __future__ import annotations
 
 import os
+import pickle
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,23 @@ def is_intact(path: Path) -> bool:
             return any(name.rpartition("/")[2] == "data.pkl" for name in archive.namelist())
     except (OSError, zipfile.BadZipFile):
         return False
+
+
+def unsafe_content(path: Path) -> str | None:
+    """Why the checkpoint file ``path`` must not be resumed from, or None: it holds objects that a safe load
+    (``weights_only=True``, whatever ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says) refuses, or it is not a Lightning
+    checkpoint. Reads the pickle only (``mmap``: the tensors stay on disk). Directories (DeepSpeed's) pass."""
+    if path.is_dir():
+        return None
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as error:
+        reason = str(error).split("\n")[0].strip()
+        return f"holds objects that a safe load refuses ({reason}): resume only from checkpoints you trust"
+    if not isinstance(checkpoint, dict) or "pytorch-lightning_version" not in checkpoint:
+        return ("is not a Lightning checkpoint (no pytorch-lightning_version): give RUN_DIR/checkpoints/last.ckpt or "
+                "rl_step=K.ckpt, or start from plain weights with model.name_or_path=DIR")
+    return None
 
 
 def newest_checkpoint(dirpath: str | Path | None) -> Path | None:

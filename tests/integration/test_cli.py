@@ -88,3 +88,39 @@ def test_missing_java_is_named_before_any_environment_worker_starts(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert last_line(result.stderr).startswith("error: env=sciworld needs Java on PATH (or JAVA_HOME)")
     assert len(result.stderr.splitlines()) < 5  # no worker's trace
+
+
+class _Payload:
+    """Unpickling it creates ``marker``: what a malicious checkpoint would run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_checkpoint_with_a_pickled_payload_is_refused_even_when_the_environment_allows_it(tmp_path):
+    """``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` turns torch's safe default off; the run passes ``weights_only=True``
+    explicitly, so the payload never runs, and the refusal is one line."""
+    import torch
+
+    marker, ckpt = tmp_path / "payload-ran", tmp_path / "evil.ckpt"
+    torch.save({"pytorch-lightning_version": "2.6.6", "state_dict": {}, "payload": _Payload(marker)}, ckpt)
+    env = {**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
+    done = subprocess.run([sys.executable, str(REPO / "train.py"), "~experiment", "debug=fast", f"ckpt_path={ckpt}",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert not marker.exists()
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert last_line(done.stderr).startswith(f"error: ckpt_path '{ckpt}' holds objects that a safe load refuses")
+
+
+def test_a_torch_file_that_is_not_a_lightning_checkpoint_is_one_line(tmp_path):
+    import torch
+
+    ckpt = tmp_path / "weights.pt"
+    torch.save({"weight": torch.zeros(2)}, ckpt)
+    done = train("~experiment", "debug=fast", f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert last_line(done.stderr).startswith(f"error: ckpt_path '{ckpt}' is not a Lightning checkpoint")
