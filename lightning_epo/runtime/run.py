@@ -18,6 +18,7 @@ from lightning_epo.models.loading import model_source
 from lightning_epo.runtime.config import check_machine, resolve_ckpt_path, validate
 from lightning_epo.runtime.console import closing_lines
 from lightning_epo.runtime.resolvers import register_resolvers
+from lightning_epo.runtime.run_dir_lock import RunDirLock
 from lightning_epo.runtime.warm_start import command_line_overrides, run_warm_start, start_from
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,11 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]
     model_source(cfg.model)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    with RunDirLock(run_dir):
+        return _train_or_evaluate(cfg, run_dir, overrides)
+
+
+def _train_or_evaluate(cfg: DictConfig, run_dir: Path, overrides: list[str] | None) -> dict[str, float]:
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
     if cfg.warm_start and cfg.mode == "train":
         user_overrides = command_line_overrides() if overrides is None else overrides
