@@ -20,7 +20,7 @@ from lightning_epo.core import layout
 from lightning_epo.core.errors import ConfigError, UserError
 from lightning_epo.rollout.datamodule import TASK_ORDERS
 from lightning_epo.rollout.vllm_engine import VLLM_MISSING
-from lightning_epo.training.checkpoint_io import is_intact, unsafe_content
+from lightning_epo.training.checkpoint_io import finished_steps_in, is_intact, unsafe_content
 
 log = logging.getLogger(__name__)
 
@@ -304,6 +304,24 @@ def _newest_periodic(checkpoints: Path, last: Path) -> Path:
         raise ConfigError(f"{last} is damaged (truncated) and no intact rl_step=K.ckpt is beside it: start afresh")
     log.warning("%s is %s; resuming from %s, the newest intact checkpoint", last, state, fallback.name)
     return fallback
+
+
+def check_resume(ckpt_path: str | None, cfg: DictConfig) -> None:
+    """A finished run (its checkpoint written after its last RL step) resumed for training: refused in one line when
+    ``total_steps`` gives it no step to train, else extended, with a warning on what the schedules do."""
+    done = finished_steps_in(Path(ckpt_path)) if ckpt_path is not None and cfg.mode == "train" else None
+    if done is None:
+        return
+    if done >= cfg.total_steps:
+        raise ConfigError(
+            f"the run of {ckpt_path} finished its {done} RL steps: nothing to train at total_steps={cfg.total_steps}; "
+            f"give total_steps above {done} to extend it, or mode=eval to evaluate it"
+        )
+    log.warning(
+        "extending the finished %d-step run to total_steps=%d: the lr schedule and Eq. 7's beta_k follow K=%d from "
+        "RL step %d on (its first %d steps followed K=%d), so it is not the run an uninterrupted total_steps=%d gives",
+        done, cfg.total_steps, cfg.total_steps, done, done, done, cfg.total_steps,
+    )
 
 
 DEEPSPEED_FACTORY = "lightning_epo.training.strategies.deepspeed_strategy"

@@ -15,7 +15,7 @@ from lightning_epo.callbacks.wandb_setup import finish_wandb_run
 from lightning_epo.core import layout
 from lightning_epo.core.secrets import scrub_hydra_output
 from lightning_epo.models.loading import model_source
-from lightning_epo.runtime.config import check_machine, resolve_ckpt_path, validate
+from lightning_epo.runtime.config import check_machine, check_resume, resolve_ckpt_path, validate
 from lightning_epo.runtime.console import closing_lines
 from lightning_epo.runtime.resolvers import register_resolvers
 from lightning_epo.runtime.run_dir_lock import RunDirLock
@@ -50,6 +50,7 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]
 
 def _train_or_evaluate(cfg: DictConfig, run_dir: Path, overrides: list[str] | None) -> dict[str, float]:
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
+    check_resume(ckpt_path, cfg)
     if cfg.warm_start and cfg.mode == "train":
         user_overrides = command_line_overrides() if overrides is None else overrides
         start_from(cfg, run_warm_start(cfg, user_overrides, run_stage=run))

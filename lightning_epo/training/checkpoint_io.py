@@ -57,14 +57,19 @@ def is_intact(path: Path) -> bool:
         return False
 
 
+def _read(path: Path) -> Any:
+    """A checkpoint file's contents as a safe load gives them (``weights_only=True`` whatever
+    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says), its tensors left on disk (``mmap``)."""
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
 def unsafe_content(path: Path) -> str | None:
     """Why the checkpoint file ``path`` must not be resumed from, or None: it holds objects that a safe load
-    (``weights_only=True``, whatever ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says) refuses, or it is not a Lightning
-    checkpoint. Reads the pickle only (``mmap``: the tensors stay on disk). Directories (DeepSpeed's) pass."""
+    refuses, or it is not a Lightning checkpoint. Directories (DeepSpeed's) pass."""
     if path.is_dir():
         return None
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        checkpoint = _read(path)
     except pickle.UnpicklingError as error:
         reason = str(error).split("\n")[0].strip()
         return f"holds objects that a safe load refuses ({reason}): resume only from checkpoints you trust"
@@ -72,6 +77,33 @@ def unsafe_content(path: Path) -> str | None:
         return ("is not a Lightning checkpoint (no pytorch-lightning_version): give RUN_DIR/checkpoints/last.ckpt or "
                 "rl_step=K.ckpt, or start from plain weights with model.name_or_path=DIR")
     return None
+
+
+def finished_steps(checkpoint: dict[str, Any]) -> int | None:
+    """The RL steps of a run whose checkpoint was written after its last step (Lightning closed its one epoch, and
+    a resume with the same loops would train nothing); None for a checkpoint written mid-run."""
+    epoch = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
+    return checkpoint.get("rl_state", {}).get("rl_step") if epoch.get("completed", 0) >= 1 else None
+
+
+def finished_steps_in(path: Path) -> int | None:
+    """:func:`finished_steps` of a checkpoint file (None for DeepSpeed's directories: checked when loaded)."""
+    return None if path.is_dir() else finished_steps(_read(path))
+
+
+def reopen_finished_run(checkpoint: dict[str, Any]) -> None:
+    """Make the checkpoint of a finished run resume like one written after its last RL step mid-run, so that a larger
+    ``total_steps`` (``limit_train_batches``) trains the steps beyond it: the loop progress that
+    :class:`lightning_epo.callbacks.checkpoint.RLStepCheckpoint` saves at a batch's end, before Lightning counts the
+    batch and the epoch completed (Lightning 2.6's fit-loop state; the exact-resume tests hold it to that form)."""
+    fit = checkpoint["loops"]["fit_loop"]
+    for scope in ("total", "current"):
+        fit["epoch_progress"][scope]["completed"] -= 1
+        fit["epoch_progress"][scope]["processed"] -= 1
+        fit["epoch_loop.batch_progress"][scope]["completed"] -= 1
+    fit["epoch_loop.batch_progress"]["is_last_batch"] = False
+    fit["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+    checkpoint["epoch"] -= 1
 
 
 def newest_checkpoint(dirpath: str | Path | None) -> Path | None:

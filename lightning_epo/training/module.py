@@ -62,7 +62,7 @@ from lightning_epo.models.policy_outputs import actor_token_outputs
 from lightning_epo.models.shared_prefix import Sharing, prefix_hosts, shared_prefix_length
 from lightning_epo.models.weights import local_values
 from lightning_epo.rollout.batch import RolloutBatch
-from lightning_epo.training.checkpoint_io import newest_checkpoint
+from lightning_epo.training.checkpoint_io import finished_steps, newest_checkpoint, reopen_finished_run
 from lightning_epo.training.distributed import accumulation_boundary, hf_zero3_config, is_deepspeed, zero_stage
 from lightning_epo.training.entropy_panels import entropy_panel_sums
 from lightning_epo.training.optim import build_optimizer, build_scheduler
@@ -594,6 +594,11 @@ class EPOModule(L.LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Restore the RL step counters; a finished run resumed with a larger ``total_steps`` is reopened to train the
+        steps beyond its own (runtime/config.py's ``check_resume`` said so at start)."""
+        done = finished_steps(checkpoint)
+        if done is not None and done < self.hparams.total_steps and self.trainer.state.fn == "fit":
+            reopen_finished_run(checkpoint)
         state = checkpoint.get("rl_state", {})
         self.rl_step = state.get("rl_step", 0)
         self.skipped_steps = state.get("skipped_steps", 0)

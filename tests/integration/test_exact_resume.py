@@ -39,3 +39,35 @@ def test_stop_and_resume_logs_the_same_values_as_one_run(compose_cfg, tmp_path):
         assert resumed[step].keys() == whole[step].keys(), step
         for name, value in whole[step].items():
             assert resumed[step][name] == pytest.approx(value, rel=1e-6, abs=1e-9), (step, name)
+
+
+# schedules that do not depend on K: a constant lr (no warmup, minimum ratio 1) and no β_k (PPO without EPO)
+UNSCHEDULED = ["algo=ppo", "optim.warmup_ratio=0", "optim.min_lr_ratio=1.0"]
+
+
+def test_a_finished_run_resumed_with_more_steps_trains_exactly_those_steps(compose_cfg, tmp_path, caplog):
+    """``ckpt_path=last total_steps=K+2`` on a finished K-step run trains steps K and K+1 (it used to exit 0 having
+    trained nothing), and with schedules that do not depend on K logs what an uninterrupted K+2 run logs."""
+    import logging
+
+    base = [o for o in FAST if not o.startswith("total_steps")] + UNSCHEDULED
+    run(compose_cfg(*base, "total_steps=6", f"run_dir={tmp_path / 'whole'}"))
+    run(compose_cfg(*base, "total_steps=4", f"run_dir={tmp_path / 'extended'}"))
+    with caplog.at_level(logging.WARNING):
+        run(compose_cfg(*base, "total_steps=6", "ckpt_path=last", f"run_dir={tmp_path / 'extended'}"))
+
+    whole, extended = logged(tmp_path / "whole"), logged(tmp_path / "extended")
+    assert sorted(extended) == list(range(6))
+    for step in (4, 5):
+        for name, value in whole[step].items():
+            assert extended[step][name] == pytest.approx(value, rel=1e-6, abs=1e-9), (step, name)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("extending the finished 4-step run to total_steps=6" in w for w in warnings), warnings
+
+
+def test_a_finished_run_resumed_without_more_steps_says_it_is_finished(compose_cfg, tmp_path):
+    from lightning_epo.core.errors import ConfigError
+
+    run(compose_cfg(*FAST, "total_steps=2", f"run_dir={tmp_path / 'run'}"))
+    with pytest.raises(ConfigError, match=r"finished its 2 RL steps: .*total_steps above 2 to extend it"):
+        run(compose_cfg(*FAST, "total_steps=2", "ckpt_path=last", f"run_dir={tmp_path / 'run'}"))
