@@ -66,3 +66,23 @@ def test_module_saves_hyperparameters_scrubbed_and_keeps_the_token_for_loading(c
     assert "token" not in module.hparams["model"] and "token" not in module.hparams_initial["model"]
     assert module.hparams["model"]["max_prompt_tokens"] == module.model_cfg.max_prompt_tokens
     assert module.model_cfg.token == HF  # what load_actor / load_critic read
+
+
+def test_the_warm_start_logs_its_stages_command_line_without_secrets(compose_cfg, tmp_path, caplog):
+    """A user's ``+model.token=...`` is inherited by the warm start's stage (``inherit: [model, ...]``); the stage's
+    command line that the run logs (to the console and train.log) carries it redacted."""
+    import logging
+
+    from lightning_epo.runtime.warm_start import run_warm_start
+
+    token = "hf_" + "PlantedWarmStartToken0123456789"
+    cfg = compose_cfg("experiment=gridworld_learn")
+
+    def stage(stage_cfg):  # stands for the supervised run: exports its policy
+        (tmp_path / "run" / "warm_start" / "policy").mkdir(parents=True)
+        (tmp_path / "run" / "warm_start" / "policy" / "config.json").write_text("{}")
+
+    with caplog.at_level(logging.INFO):
+        run_warm_start(cfg, [f"+model.token={token}"], run_stage=stage)
+    lines = [r.getMessage() for r in caplog.records if "warm start: python train.py" in r.getMessage()]
+    assert len(lines) == 1 and "+model.token=" in lines[0] and token not in lines[0]

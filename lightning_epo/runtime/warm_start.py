@@ -31,6 +31,7 @@ from omegaconf import DictConfig, open_dict
 
 from lightning_epo.core import layout
 from lightning_epo.core.errors import ConfigError, UserError
+from lightning_epo.core.secrets import scrub_secrets
 from lightning_epo.runtime.config import CONF_DIR
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def run_warm_start(cfg: DictConfig, user_overrides: Sequence[str], run_stage: Ca
         log.info("warm start: reusing the policy in %s", policy)
         return policy
     overrides = stage_overrides(cfg.warm_start, user_overrides, stage_dir)
-    log.info("warm start: python train.py %s", " ".join(overrides))
+    log.info("warm start: python train.py %s", " ".join(scrub_secrets(overrides)))  # the stage runs with the secrets
     run_stage(_compose(overrides))
     if not (policy / "config.json").is_file():
         raise UserError(f"the warm start stopped before its last step and exported no policy: rerun with hydra.run.dir={cfg.run_dir}")
