@@ -25,9 +25,11 @@ def _user_error(exc: BaseException) -> BaseException | None:
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from lightning_epo.core.errors import exit_with_error
+    from lightning_epo.runtime.console import setup_console
     from lightning_epo.runtime.preemption import Preemption
     from lightning_epo.runtime.run import run
 
+    setup_console()  # each line once, without the libraries' known-harmless messages
     try:
         with Preemption():  # SIGTERM / Ctrl+C: stop after the current RL step, exit 143 / 130
             run(cfg)

@@ -1,10 +1,11 @@
 """Callbacks: the entropy history window, the beta_k schedule, RL-step checkpoints, weight sync, policy export,
-the start-to-end success report."""
+the success report, the progress bar."""
 
 from lightning_epo.callbacks.beta_schedule import BetaSchedule
 from lightning_epo.callbacks.checkpoint import RLStepCheckpoint
 from lightning_epo.callbacks.entropy_window import EntropyWindow
 from lightning_epo.callbacks.export_policy import ExportPolicy
+from lightning_epo.callbacks.progress_bar import RLProgressBar
 from lightning_epo.callbacks.rollout_samples import RolloutSamples
 from lightning_epo.callbacks.stop_at_step import StopAtStep
 from lightning_epo.callbacks.success_report import SuccessReport
@@ -16,6 +17,7 @@ __all__ = [
     "BetaSchedule",
     "EntropyWindow",
     "ExportPolicy",
+    "RLProgressBar",
     "RLStepCheckpoint",
     "RolloutSamples",
     "StopAtStep",

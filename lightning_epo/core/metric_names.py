@@ -8,4 +8,4 @@ ROLLOUT_MEANS = (  # per rank over its episodes, averaged over ranks
 ROLLOUT_COUNTS = ("train/env_failures",)  # summed over ranks
 LOSS_TERMS = ("policy", "entropy", "smooth", "value", "kl", "total")  # loss/<term>, where the run has the term
 PANELS = ("early_turns", "late_turns", "early_tokens", "late_tokens")  # entropy/<panel> (paper Fig. 1, Fig. 7d)
-PROGRESS_BAR = ("train/reward", "train/success", "loss/entropy", "epo/beta")
+PROGRESS_BAR = {"train/success": "success", "loss/total": "loss"}  # logged with prog_bar=True: name -> the bar's label

@@ -232,7 +232,11 @@ class RolloutDataModule(L.LightningDataModule):
 
     def eval_batch(self, split: str) -> EvalBatch:
         rank, world = self._rank()
-        tasks = validation_sample(self.suite.tasks(split), self.val_size, self.seed)[rank::world]
+        tasks = validation_sample(self.suite.tasks(split), self.val_size, self.seed)
+        if rank == 0:  # an evaluation can take minutes: say what it plays (SuccessReport logs what it measured)
+            rl_step = self.trainer.lightning_module.rl_step
+            log.info("evaluation at RL step %d: playing %d %s episodes ...", rl_step, len(tasks), split)
+        tasks = tasks[rank::world]
         self._bind_weights_once()
         episodes = self.val_collector.collect(tasks, list(range(len(tasks))), self.val_sampling).episodes
         self.val_engine.release_memory()
