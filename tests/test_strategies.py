@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from lightning_epo.core.errors import UserError
 from lightning_epo.runtime import config
 from lightning_epo.runtime.config import check_machine
-from lightning_epo.training.strategies import CPUDeepSpeedStrategy, deepspeed_config, deepspeed_strategy
+from lightning_epo.training.strategies import CPUDeepSpeedStrategy, ZeroStrategy, deepspeed_config, deepspeed_strategy
 
 TRAINERS = ["cpu", "gpu", "ddp", "deepspeed_stage_2", "deepspeed_stage_3"]
 
@@ -74,5 +74,6 @@ def test_deepspeed_on_cpu_needs_no_cuda_and_gets_the_cpu_strategy(compose_cfg):
     check_machine(compose_cfg("trainer=deepspeed_stage_3", *cpu))  # passes on a machine without CUDA too
     assert type(deepspeed_strategy(3, "32-true", 1.0, accelerator="cpu")) is CPUDeepSpeedStrategy
     gpu = deepspeed_strategy(2, "bf16-mixed", 1.0, accelerator="gpu")
-    assert type(gpu) is DeepSpeedStrategy  # GPU runs keep Lightning's strategy unchanged
+    # GPU runs get Lightning's strategy with one engine at a time (an evaluation's before fit's)
+    assert type(gpu) is ZeroStrategy and isinstance(gpu, DeepSpeedStrategy)
     assert gpu.config["zero_optimization"]["stage"] == 2

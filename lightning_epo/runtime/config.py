@@ -153,6 +153,7 @@ RULES: dict[str, Rule] = {
     "trainer.strategy.bucket_size": integer(), "trainer.strategy.find_unused_parameters": SWITCH,
     "trainer.strategy.offload_optimizer": SWITCH, "trainer.strategy.offload_parameters": SWITCH,
     "trainer.strategy.pin_memory": SWITCH, "logger.offline": SWITCH, "logger.log_model": SWITCH,
+    "logger.settings.quiet": SWITCH,
     # metrics and callbacks
     "metrics.edge_turns": integer(), "metrics.edge_tokens": integer(),
     "callbacks.checkpoint.every_n_rl_steps": integer(), "callbacks.rollout_samples.num_episodes": integer(0),
