@@ -3,7 +3,8 @@ FAIL line, naming its fix, and a non-zero exit."""
 
 from __future__ import annotations
 
-import os
+import contextlib
+import io
 import platform
 import subprocess
 import sys
@@ -16,16 +17,17 @@ from lightning_epo.doctor import checks
 from lightning_epo.doctor.__main__ import main
 from lightning_epo.doctor.memory import KNOWN_SHAPES, Shape
 
-REPO = Path(__file__).resolve().parents[2]
 COMPONENTS = ["python", "torch", "transformers", "lightning", "deepspeed", "vllm", "peft", "java", "alfworld data",
               "model", "memory", "disk", "config"]
 
 
-def doctor(*overrides: str, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
-    """Exit status and output lines of the doctor run as a user runs it."""
-    result = subprocess.run([sys.executable, "-m", "lightning_epo.doctor", *overrides], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=300)
-    return result.returncode, result.stdout.splitlines()
+def doctor(*overrides: str) -> tuple[int, list[str]]:
+    """Exit status and output lines of ``python -m lightning_epo.doctor OVERRIDES`` (its ``main``, in this process:
+    a new interpreter spends most of half a minute importing the libraries)."""
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        code = main(list(overrides))
+    return code, output.getvalue().splitlines()
 
 
 def by_component(lines: list[str]) -> dict[str, tuple[str, str]]:
@@ -61,14 +63,15 @@ def test_a_missing_model_directory_is_the_one_failure(tmp_path):
     assert "does not exist: set model.name_or_path" in failures["model"]
 
 
-def test_missing_java_fails_sciworld_only(tmp_path):
+def test_missing_java_fails_sciworld_only(tmp_path, monkeypatch):
     """Java off PATH (an empty folder as PATH, no JAVA_HOME): a ScienceWorld run fails on it, a gridworld run not."""
-    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"} | {"PATH": str(tmp_path)}
-    code, lines = doctor("env=sciworld", env=env)
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    code, lines = doctor("env=sciworld")
     failures = {c: d for c, (s, d) in by_component(lines).items() if s == "FAIL"}
     assert code == 1 and list(failures) == ["java"]
     assert "openjdk-17" in failures["java"]
-    code, lines = doctor(env=env)
+    code, lines = doctor()
     assert code == 0 and by_component(lines)["java"][0] == "-"
 
 
