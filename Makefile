@@ -56,11 +56,16 @@ train: setup
 
 test: setup setup-vllm
 	$(PY) -m pytest -q $(ARGS)
-	$(VLLM_PY) -m pytest -q -m vllm $(ARGS)
+	$(VLLM_PY) -m pytest -q -m "vllm and not slow" $(ARGS)
 
 # can this machine run the configuration ARGS selects? one line per component, exit 1 on a problem
 doctor: setup
 	$(PY) -m lightning_epo.doctor $(ARGS)
 
-test-slow: setup
-	$(PY) -m pytest -q -m slow $(ARGS)
+# on a CUDA machine: two RL steps of each GPU path (bf16, LoRA, fused output, SmolLM2, vLLM, ZeRO-2/3, DDP), a table
+gpu-check: setup
+	$(PY) -m lightning_epo.doctor.gpu_check $(ARGS)
+
+test-slow: setup setup-vllm
+	$(PY) -m pytest -q -m "slow and not vllm" $(ARGS)
+	$(VLLM_PY) -m pytest -q -m "slow and vllm" $(ARGS)
