@@ -20,8 +20,9 @@ from omegaconf import DictConfig
 
 from lightning_epo.core.errors import UserError
 from lightning_epo.doctor.memory import GIB, KNOWN_SHAPES, Shape, estimate
+from lightning_epo.envs.alfworld_data import REPO_ROOT as REPO
+from lightning_epo.runtime.config import DEEPSPEED_FACTORY, VLLM_ENGINE
 
-REPO = Path(__file__).resolve().parents[2]
 OK, WARN, FAIL, UNUSED = "ok", "warn", "FAIL", "-"
 
 
@@ -52,11 +53,11 @@ def installed_version(distribution: str) -> str | None:
 
 def uses_deepspeed(cfg: DictConfig) -> bool:
     strategy = cfg.trainer.get("strategy")
-    return isinstance(strategy, DictConfig) and str(strategy.get("_target_", "")).endswith("deepspeed_strategy")
+    return isinstance(strategy, DictConfig) and strategy.get("_target_") == DEEPSPEED_FACTORY
 
 
 def uses_vllm(cfg: DictConfig) -> bool:
-    return str(cfg.rollout.engine.get("_target_", "")).endswith("VLLMEngine")
+    return cfg.rollout.engine.get("_target_") == VLLM_ENGINE
 
 
 def on_gpu(cfg: DictConfig) -> bool:
@@ -180,10 +181,10 @@ def check_vllm(cfg: DictConfig) -> Line:
 
 
 def java_version() -> str | None:
-    """``java -version``'s version string, or None without Java."""
-    java_home = os.environ.get("JAVA_HOME")
-    java = str(Path(java_home, "bin", "java")) if java_home and Path(java_home, "bin", "java").exists() else \
-        shutil.which("java")
+    """The version ``java -version`` prints, for the ``java`` ScienceWorld would start; None without Java."""
+    from lightning_epo.envs.sciworld import java_executable
+
+    java = java_executable()
     if java is None:
         return None
     output = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
@@ -209,14 +210,12 @@ def check_java(cfg: DictConfig) -> Line:
 def check_alfworld(cfg: DictConfig) -> Line:
     from lightning_epo.envs.alfworld_data import resolve_data_dir
 
-    needed = cfg.env.name == "alfworld"
-    data_dir = cfg.env.suite.get("data_dir") if needed else None
-    if not needed:
+    if cfg.env.name != "alfworld":
         return Line(UNUSED, "alfworld data", f"{resolve_data_dir(None)} (env=alfworld)")
     from lightning_epo.envs.alfworld import AlfWorldSuite
 
     try:
-        suite = AlfWorldSuite(data_dir)
+        suite = AlfWorldSuite(cfg.env.suite.get("data_dir"))
         counts = {split: len(suite.tasks(split)) for split in ("train", *cfg.env.eval_splits)}
     except UserError as error:
         return Line(FAIL, "alfworld data", str(error))

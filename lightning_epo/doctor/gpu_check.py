@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from lightning_epo.doctor.checks import REPO
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 SMOLLM2 = REPO / "data" / "smollm2-135m-instruct"
 TWO_STEPS = ("~experiment", "debug=fast", "logger=csv", "~callbacks.progress_bar", "test_every=1000", "model=tiny")

@@ -95,11 +95,18 @@ def scienceworld_version() -> str:
         raise UserError("env=sciworld needs ScienceWorld: run `pip install scienceworld==1.2.3`") from None
 
 
+def java_executable() -> str | None:
+    """The ``java`` that ScienceWorld's JVM starts with: ``$JAVA_HOME/bin/java``, else the one on PATH (or None)."""
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and Path(java_home, "bin", "java").exists():
+        return str(Path(java_home, "bin", "java"))
+    return shutil.which("java")
+
+
 def require_simulator() -> None:
     """Raise a one-line error naming the fix when ScienceWorld or Java is missing."""
     scienceworld_version()
-    java_home = os.environ.get("JAVA_HOME")
-    if not (java_home and Path(java_home, "bin", "java").exists()) and shutil.which("java") is None:
+    if java_executable() is None:
         raise UserError(
             "env=sciworld needs Java on PATH (or JAVA_HOME): install a JRE, "
             "e.g. `apt-get install openjdk-17-jre-headless`"
