@@ -161,3 +161,14 @@ def test_critic_explained_variance_is_logged_for_ppo_only(compose_cfg):
     assert torch.isfinite(ppo.callback_metrics["critic/explained_variance"])
     _, grpo = fit_one_step(compose_cfg("algo=grpo"), [batch])
     assert "critic/explained_variance" not in grpo.callback_metrics
+
+
+def test_evaluation_metrics_live_on_the_modules_device(compose_cfg):
+    """ZeRO-3 moves only the parameters to the GPU, not the module's metric states: their all-rank sync then
+    gathered CPU tensors over NCCL (gpu-check, 2026-11-25: trainer=deepspeed_stage_3 died at its first evaluation).
+    The meta device stands in for the GPU."""
+    module = hydra.utils.instantiate(compose_cfg("algo=ppo_epo").module)
+    module._device = torch.device("meta")
+    module.on_validation_epoch_start()
+    states = [state for metric in module.val_metrics.values() for state in metric.metric_state.values()]
+    assert states and all(state.device.type == "meta" for state in states)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib.util
+import re
 import subprocess
 import sys
 import time
@@ -103,6 +104,16 @@ def figures(run_dir: Path) -> dict[str, float]:
     return found
 
 
+ERROR_LINE = re.compile(r"^(error:|[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b)")
+
+
+def error_line(output: str) -> str:
+    """The line that says why a run failed: its last ``error:`` line or exception (Hydra's hint and NCCL's exit
+    warnings follow it), else its last line."""
+    lines = output.strip().splitlines() or [""]
+    return next((line for line in reversed(lines) if ERROR_LINE.match(line)), lines[-1])
+
+
 def run_case(case: Case, out: Path) -> Result:
     if case.missing:
         return Result(case, "missing", note=case.missing)
@@ -115,9 +126,8 @@ def run_case(case: Case, out: Path) -> Result:
     except subprocess.TimeoutExpired:
         return Result(case, "FAILED", CASE_TIMEOUT_S, note=f"still running after {CASE_TIMEOUT_S} s")
     seconds = time.perf_counter() - start
-    last = (done.stdout + done.stderr).strip().splitlines()[-1:] or [""]
     if done.returncode != 0:
-        return Result(case, "FAILED", seconds, note=f"exit {done.returncode}: {last[0][:150]}")
+        return Result(case, "FAILED", seconds, note=f"exit {done.returncode}: {error_line(done.stdout + done.stderr)[:150]}")
     if case.command:
         return Result(case, "passed", seconds, note=done.stdout.strip().splitlines()[-1])
     return Result(case, "passed", seconds, figures(run_dir))

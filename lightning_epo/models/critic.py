@@ -33,10 +33,13 @@ class ValueModel(torch.nn.Module):
         # Under ZeRO-3's zero.Init the head is already an empty shard here: initialise the gathered parameters.
         # Its own generator, seeded with torch's initial seed (the run's seed), makes the head the same whatever
         # loading the backbone drew from the global one (ZeRO-3's loading draws differently).
+        # The draw is made on the CPU and copied: Lightning builds the models with CUDA as the default device on a
+        # GPU, where a CPU generator cannot fill a CUDA tensor (and the head stays the same on every device).
         generator = torch.Generator().manual_seed(torch.initial_seed())
         std = getattr(backbone.config, "initializer_range", 0.02)
         with gathered([self.head.weight, self.head.bias], modifier_rank=0):
-            torch.nn.init.normal_(self.head.weight, std=std, generator=generator)
+            weight = torch.empty(self.head.weight.shape, dtype=self.head.weight.dtype, device="cpu")
+            self.head.weight.data.copy_(torch.nn.init.normal_(weight, std=std, generator=generator))
             torch.nn.init.zeros_(self.head.bias)
 
     def gradient_checkpointing_enable(self) -> None:
@@ -55,5 +58,6 @@ class ValueModel(torch.nn.Module):
         """
         hidden = decoder_hidden_states(self.backbone, input_ids, attention_mask, sharing)  # [N, L, d]
         weight, bias = self.head.weight.float(), self.head.bias.float()  # [1, d], [1]
-        after = F.linear(hidden[:, :-1].float(), weight, bias).squeeze(-1)  # [N, L-1]: V(s_p) for p = 1..L-1
+        with torch.autocast(hidden.device.type, enabled=False):  # bf16-mixed would cast the head's product to bf16
+            after = F.linear(hidden[:, :-1].float(), weight, bias).squeeze(-1)  # [N, L-1]: V(s_p) for p = 1..L-1
         return F.pad(after, (1, 0))  # [N, L]

@@ -573,7 +573,10 @@ class EPOModule(L.LightningModule):
     # ----------------------------------------------------------------- validation
     def on_validation_epoch_start(self) -> None:
         """Fresh metric states made in this evaluation's grad mode: a ``trainer.validate`` before ``fit``
-        (``val_at_start``) leaves inference-mode tensors that fit's validation could not update in place."""
+        (``val_at_start``) leaves inference-mode tensors that fit's validation could not update in place. They are
+        made on the module's device: ZeRO-3 moves only the parameters there, and the metrics' all-rank sync (NCCL on
+        a GPU) needs their states beside them."""
+        self.val_metrics.to(self.device)
         for metric in self.val_metrics.values():
             metric.reset()
 

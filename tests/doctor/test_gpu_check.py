@@ -64,3 +64,15 @@ def test_the_single_gpu_cases_run_on_cpu_and_report_their_figures(tmp_path):
 def test_a_failing_case_is_failed_with_its_last_line(tmp_path):
     result = run_case(Case("broken", ("model.dtype=float64",)), tmp_path)
     assert result.status == "FAILED" and "model.dtype" in result.note
+
+
+def test_a_failing_case_reports_its_error_not_the_lines_after_it(tmp_path):
+    """Hydra's HYDRA_FULL_ERROR hint and NCCL's exit warning come after the error (gpu-check, 2026-11-25: every
+    failure read "Set the environment variable HYDRA_FULL_ERROR=1" or "destroy_process_group() was not called")."""
+    script = ("import sys; print('Traceback (most recent call last):', file=sys.stderr); "
+              "print(\"RuntimeError: Expected a 'cuda' device type for generator\", file=sys.stderr); "
+              "print('Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.', file=sys.stderr); "
+              "print('[rank0]: Warning: destroy_process_group() was not called', file=sys.stderr); sys.exit(1)")
+    result = run_case(Case("broken", command=("-c", script)), tmp_path)
+    assert result.status == "FAILED"
+    assert "RuntimeError: Expected a 'cuda' device type for generator" in result.note

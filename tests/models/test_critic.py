@@ -119,3 +119,40 @@ def test_head_init_does_not_depend_on_what_loading_drew_from_the_global_generato
     torch.rand(100)
     drawn = load_critic(model_cfg(tiny_model_path))
     assert torch.equal(plain.head.weight, drawn.head.weight)
+
+
+class _GeneratorOnItsDevice(torch.overrides.TorchFunctionMode):
+    """CUDA's rule, enforced on any device: a random fill takes a generator of its tensor's own device (on a GPU,
+    Lightning builds the models with CUDA as the default device, and a CPU generator cannot fill a CUDA tensor)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        generator, tensor = kwargs.get("generator"), args[0] if args else kwargs.get("tensor")
+        if generator is not None and isinstance(tensor, torch.Tensor) and tensor.device.type != generator.device.type:
+            raise RuntimeError(f"Expected a '{tensor.device.type}' device type for generator")
+        return func(*args, **kwargs)
+
+
+def test_the_head_initialises_when_the_default_device_is_not_the_generators(tiny_model_path):
+    """The GPU run builds the critic under a CUDA default device (gpu-check, 2026-11-25: every trainer=gpu case
+    died here). The meta device stands in for CUDA, the mode above for CUDA's check; the head drawn off-device is
+    the one drawn on the CPU."""
+    from lightning_epo.models.critic import ValueModel
+
+    torch.manual_seed(0)
+    on_cpu = load_critic(model_cfg(tiny_model_path))
+    backbone = on_cpu.backbone.to("meta")
+    torch.manual_seed(0)
+    with _GeneratorOnItsDevice(), torch.device("meta"):
+        off_device = ValueModel(backbone)
+    assert off_device.head.weight.device.type == "meta"
+    torch.manual_seed(0)
+    assert torch.equal(ValueModel(load_critic(model_cfg(tiny_model_path)).backbone).head.weight, on_cpu.head.weight)
+
+
+def test_values_are_float32_under_bf16_autocast(critic, batch):
+    """trainer.precision=bf16-mixed runs the old-policy pass under autocast, which cast the head's product to bf16
+    (the pass stores it in float32 buffers: every bf16-mixed run died at its first step, 2026-11-25)."""
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        values = critic(*batch)
+    assert values.dtype == torch.float32
