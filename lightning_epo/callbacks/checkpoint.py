@@ -26,6 +26,10 @@ class RLStepCheckpoint(ModelCheckpoint):
         self.every_n_rl_steps = every_n_rl_steps
 
     def _save(self, trainer: L.Trainer) -> None:
+        with trainer.lightning_module.clock.part("checkpoint"):
+            self._save_now(trainer)
+
+    def _save_now(self, trainer: L.Trainer) -> None:
         candidates = self._monitor_candidates(trainer)
         candidates["rl_step"] = trainer.lightning_module.rl_step
         self._save_topk_checkpoint(trainer, candidates)

@@ -12,4 +12,5 @@ class WeightSync(L.Callback):
     transformers engine this is a rebind; vLLM copies). The DataModule binds them before its first rollout."""
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        trainer.datamodule.sync_weights(pl_module.actor)
+        with pl_module.clock.part("weight_sync"):
+            trainer.datamodule.sync_weights(pl_module.actor)

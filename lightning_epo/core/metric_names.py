@@ -3,8 +3,10 @@ them and the module that logs them all (lightning_epo/training/step_metrics.py).
 
 ROLLOUT_MEANS = (  # per rank over its episodes, averaged over ranks
     "train/reward", "train/success", "train/turns", "train/invalid_action_rate", "train/mixed_groups",
-    "perf/rollout_s", "perf/gen_tokens_per_s", "perf/env_steps_per_s",
+    "perf/rollout_s", "perf/gen_s", "perf/env_s", "perf/gen_tokens_per_s", "perf/env_steps_per_s",
 )
+# the rest of the RL step, timed by the module and the callbacks (lightning_epo/training/step_clock.py): perf/<part>_s
+STEP_PARTS = ("old_logprob", "values", "ref_logprob", "update", "weight_sync", "checkpoint")
 ROLLOUT_COUNTS = ("train/env_failures",)  # summed over ranks
 LOSS_TERMS = ("policy", "entropy", "smooth", "value", "kl", "total")  # loss/<term>, where the run has the term
 PANELS = ("early_turns", "late_turns", "early_tokens", "late_tokens")  # entropy/<panel> (paper Fig. 1, Fig. 7d)

@@ -26,10 +26,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class EvalBatch:
-    """Finished evaluation episodes of one split on this rank."""
+    """Finished evaluation episodes of one split on this rank, and the seconds their collection took."""
 
     split: str
     episodes: list
+    wall_s: float = 0.0
 
 
 TASK_ORDERS = ("random", "shuffled")  # data.task_order
@@ -237,10 +238,11 @@ class RolloutDataModule(L.LightningDataModule):
             rl_step = self.trainer.lightning_module.rl_step
             log.info("evaluation at RL step %d: playing %d %s episodes ...", rl_step, len(tasks), split)
         tasks = tasks[rank::world]
+        start = time.perf_counter()
         self._bind_weights_once()
         episodes = self.val_collector.collect(tasks, list(range(len(tasks))), self.val_sampling).episodes
         self.val_engine.release_memory()
-        return EvalBatch(split, episodes)
+        return EvalBatch(split, episodes, wall_s=time.perf_counter() - start)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_Stream(self.next_train_batch, once=False), batch_size=None, collate_fn=_as_is)

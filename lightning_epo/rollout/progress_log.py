@@ -17,6 +17,8 @@ def rollout_stats(rollout: Rollout, wall_s: float) -> dict[str, float]:
         "train/invalid_action_rate": sum(ep.invalid_actions for ep in eps) / max(turns, 1),
         "train/env_failures": s["env_failures"],
         "perf/rollout_s": wall_s,
+        "perf/gen_s": s["gen_s"],
+        "perf/env_s": s["env_s"],
         "perf/gen_tokens_per_s": s["gen_tokens"] / max(s["gen_s"], 1e-9),
         "perf/env_steps_per_s": s["env_steps"] / max(s["env_s"], 1e-9),
     }

@@ -27,8 +27,8 @@ Departures from the paper / reference code (all configurable, paper default firs
 
 from __future__ import annotations
 
+import logging
 import math
-import time
 from dataclasses import replace
 from typing import Any, Iterator
 
@@ -53,7 +53,7 @@ from lightning_epo.algos.aggregation import turn_and_trajectory_counts
 from lightning_epo.algos.losses import explained_variance_from_moments, explained_variance_moments
 from lightning_epo.algos.objective import ObjectiveSettings, StepTargets, epo_objective
 from lightning_epo.core.errors import TrainingDiverged
-from lightning_epo.core.metric_names import LOSS_TERMS, PANELS, PROGRESS_BAR, ROLLOUT_COUNTS
+from lightning_epo.core.metric_names import LOSS_TERMS, PANELS, PROGRESS_BAR, ROLLOUT_COUNTS, STEP_PARTS
 from lightning_epo.core.secrets import scrub_secrets
 from lightning_epo.core.seeding import seed_rl_step
 from lightning_epo.models.loading import load_actor, load_critic, load_reference
@@ -66,10 +66,13 @@ from lightning_epo.training.checkpoint_io import finished_steps, newest_checkpoi
 from lightning_epo.training.distributed import accumulation_boundary, hf_zero3_config, is_deepspeed, zero_stage
 from lightning_epo.training.entropy_panels import entropy_panel_sums
 from lightning_epo.training.optim import build_optimizer, build_scheduler
+from lightning_epo.training.step_clock import StepClock, matmul_peak_flops, model_flops_per_token, step_line
 from lightning_epo.training.step_io import StepInputs, StepReport
 from lightning_epo.training.step_metrics import RankSums, ratio, turn_entropy_sums, turn_means
 
 __all__ = ["EPOModule", "TrainingDiverged"]
+
+log = logging.getLogger(__name__)
 
 
 class EPOModule(L.LightningModule):
@@ -108,6 +111,9 @@ class EPOModule(L.LightningModule):
         self._hf_zero3_config: Any = None  # kept alive while ZeRO-3 loads (transformers holds a weak reference)
         self.step_inputs = StepInputs()  # filled by the callbacks before each RL step (lightning_epo/training/step_io.py)
         self.step_report: StepReport | None = None  # published after each RL step, for the callbacks
+        self.clock = StepClock(torch.device("cpu"))  # the running RL step's parts, timed by the module and callbacks
+        self.update_flops = 0.0  # the running RL step's update, in model FLOPs (:meth:`_update_flops`)
+        self.eval_s = 0.0  # the running evaluation's collection time, summed over its splits
         self.val_metrics = torch.nn.ModuleDict(
             {
                 f"{split}_{name}": torchmetrics.MeanMetric()
@@ -267,11 +273,14 @@ class EPOModule(L.LightningModule):
         for rows in micro_batches:
             mb = batch.select(self._rows_or_first(rows))
             length, sharing = mb.input_ids.shape[1], self._sharing(mb)
-            outputs = dict(zip(("old_logprobs", "entropy"), self._token_outputs(mb, sharing)))
+            with self.clock.part("old_logprob"):
+                outputs = dict(zip(("old_logprobs", "entropy"), self._token_outputs(mb, sharing)))
             if self.critic is not None:
-                outputs["old_values"] = self.critic(mb.input_ids, mb.attention_mask, sharing)
+                with self.clock.part("values"):
+                    outputs["old_values"] = self.critic(mb.input_ids, mb.attention_mask, sharing)
             if "ref_logprobs" in out:
-                outputs["ref_logprobs"] = self._reference_logprobs(mb, sharing)
+                with self.clock.part("ref_logprob"):
+                    outputs["ref_logprobs"] = self._reference_logprobs(mb, sharing)
             for name, value in outputs.items():
                 out[name][rows, :length] = value[: len(rows)]
         return out
@@ -469,8 +478,10 @@ class EPOModule(L.LightningModule):
             raise self._diverged(f"the old-policy pass gave {bad} non-finite log-probs, entropies or values")
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        """Reseed for RL step k on this rank, before its rollout is collected (lightning_epo/core/seeding.py)."""
+        """Reseed for RL step k on this rank, before its rollout is collected (lightning_epo/core/seeding.py), and
+        start the step's clock."""
         seed_rl_step(self.hparams.seed, self.rl_step, self.global_rank)
+        self.clock = StepClock(self.device)
 
     def on_train_start(self) -> None:
         """Train at the configured learning rates, on resume too: Lightning restores the optimizer's and the LR
@@ -495,20 +506,36 @@ class EPOModule(L.LightningModule):
         except TrainingDiverged as error:  # the engine sampled from non-finite logits: name the checkpoint
             raise self._diverged(str(error)) from error
         batch = batch.to(self.device)
-        start = time.perf_counter()
         old = self._old_policy_pass(batch)
         mask = batch.response_mask
         self._check_old_policy(old, mask)
         settings = self._settings()
         targets = self._step_targets(batch, old)
         norms_before = self._param_norms()
-        terms, optimizer_steps = self._ppo_update(batch, targets, settings)
+        with self.clock.part("update"):
+            terms, optimizer_steps = self._ppo_update(batch, targets, settings)
+        self.update_flops = self._update_flops(batch)
         self._check_parameters(norms_before)
         self.lr_schedulers().step()
-        self.step_report = self._log_step(
-            batch, old, targets, terms, settings, update_s=time.perf_counter() - start, optimizer_steps=optimizer_steps
-        )
+        self.step_report = self._log_step(batch, old, targets, terms, settings, optimizer_steps=optimizer_steps)
         self.rl_step += 1
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Log where RL step k's time went and say it in one line: Lightning calls this after every callback's
+        hook, so the weight push and the checkpoint are in."""
+        self._log_perf(self.step_report.rollout.stats)
+
+    def _update_flops(self, batch: RolloutBatch) -> float:
+        """The update's model FLOPs (:func:`model_flops_per_token`): every epoch a forward and a backward of each
+        model over the batch's real tokens, the actor's output layer over its response tokens. A backward costs two
+        forwards where the weights train, one where they are frozen (LoRA's base: input gradients only)."""
+        tokens, responses = float(batch.attention_mask.sum()), float(batch.response_mask.sum())
+        flops = 0.0
+        for model, logits in ((self.actor, responses), (self.critic, 0.0)):
+            if model is not None:
+                body, output = model_flops_per_token(model if model is self.actor else model.backbone)
+                flops += (2.0 if is_lora(model) else 3.0) * (body * tokens + output * logits)
+        return flops * self.algo.ppo_epochs
 
     # ----------------------------------------------------------------- logging
     def _log(self, name: str, value: float) -> None:
@@ -517,7 +544,7 @@ class EPOModule(L.LightningModule):
 
     def _log_step(
         self, batch: RolloutBatch, old: dict[str, torch.Tensor], targets: StepTargets, terms: dict[str, float],
-        s: ObjectiveSettings, update_s: float, optimizer_steps: int,
+        s: ObjectiveSettings, optimizer_steps: int,
     ) -> StepReport:
         """Log RL step k's metrics (DESIGN.md's table; names in lightning_epo/core/metric_names.py) and return its
         report for the callbacks. Every quantity summed over ranks goes through one collective; a metric that
@@ -526,7 +553,6 @@ class EPOModule(L.LightningModule):
         sums = RankSums(self.device)
         for name, value in [*batch.stats.items(), *((f"terms/{n}", v) for n, v in terms.items())]:
             sums.add(name, value)
-        sums.add("perf/update_s", update_s)
         sums.add("entropy", torch.stack([entropy[mask].sum(), mask.sum().float()]))
         sums.add("panels", entropy_panel_sums(entropy, mask, batch.traj_ids, batch.turn_idx,
                                               self.hparams.edge_turns, self.hparams.edge_tokens))
@@ -546,11 +572,6 @@ class EPOModule(L.LightningModule):
         self._log("ppo/approx_kl", total["terms/approx_kl"])
         if self.algo.get("target_kl") is not None:  # without a target it is always ppo_epochs * mini_batches
             self._log("ppo/optimizer_steps", optimizer_steps)
-        self._log("perf/update_s", total["perf/update_s"] / world)
-        if self.device.type == "cuda":  # the RL step's peak on the fullest GPU: its rollout and its update
-            peak = torch.tensor(float(torch.cuda.max_memory_allocated(self.device)), device=self.device)
-            self._log("perf/peak_memory_gib", self._reduce(peak, "max") / 2**30)
-            torch.cuda.reset_peak_memory_stats(self.device)
         self._log("train/lr", self.lr_schedulers().get_last_lr()[0])
         self._log("train/skipped_steps", self.skipped_steps)
         if self.algo.epo.enabled:
@@ -570,6 +591,28 @@ class EPOModule(L.LightningModule):
             turn_entropy=turn_means(total["turns"].view(2, -1)), rollout=batch,
         )
 
+    def _log_perf(self, rollout_stats: dict[str, float]) -> None:
+        """Log RL step k's ``perf/*`` timings (:mod:`lightning_epo.training.step_clock`; the rollout's parts are
+        logged with the rollout's metrics) as means over ranks, the update's achieved FLOP/s and its share of the
+        matmul peak, and on CUDA the step's peak memory on the fullest GPU; rank 0 says them in one line."""
+        seconds = {f"perf/{part}_s": self.clock.seconds[part] for part in STEP_PARTS if part in self.clock.seconds}
+        seconds["perf/step_s"] = self.clock.elapsed()
+        total = self._reduce(torch.tensor(list(seconds.values()), device=self.device)) / self.trainer.world_size
+        seconds = dict(zip(seconds, total.tolist()))
+        for name, value in seconds.items():
+            self._log(name, value)
+        flops_per_s = self.update_flops / max(seconds["perf/update_s"], 1e-9)
+        dtype = torch.bfloat16 if "bf16" in str(self.trainer.precision) else next(self.actor.parameters()).dtype
+        peak = matmul_peak_flops(self.device.type, dtype)
+        self._log("perf/update_flops_per_s", flops_per_s)
+        self._log("perf/update_peak_share", flops_per_s / peak)
+        if self.device.type == "cuda":  # the RL step's peak on the fullest GPU: its rollout and its update
+            memory = torch.tensor(float(torch.cuda.max_memory_allocated(self.device)), device=self.device)
+            self._log("perf/peak_memory_gib", self._reduce(memory, "max") / 2**30)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        if self.global_rank == 0:
+            log.info(step_line(self.rl_step - 1, {**rollout_stats, **seconds}, flops_per_s, peak))
+
     # ----------------------------------------------------------------- validation
     def on_validation_epoch_start(self) -> None:
         """Fresh metric states made in this evaluation's grad mode: a ``trainer.validate`` before ``fit``
@@ -579,9 +622,15 @@ class EPOModule(L.LightningModule):
         self.val_metrics.to(self.device)
         for metric in self.val_metrics.values():
             metric.reset()
+        self.eval_s = 0.0
+
+    def on_validation_epoch_end(self) -> None:
+        """Log the evaluation's collection time (every split's, this rank's: ranks play their shares at once)."""
+        self.log("perf/eval_s", self.eval_s, on_step=False, on_epoch=True, batch_size=1)
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """``batch`` is an evaluation batch of finished episodes of one split (collected at val temperature)."""
+        self.eval_s += batch.wall_s
         for ep in batch.episodes:
             self.val_metrics[f"{batch.split}_success"].update(float(ep.won))
             self.val_metrics[f"{batch.split}_reward"].update(ep.episode_return)

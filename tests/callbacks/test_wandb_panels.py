@@ -23,11 +23,13 @@ EVERY_STEP = [
     "entropy/early_turns", "entropy/late_turns", "entropy/early_tokens", "entropy/late_tokens",
     "ppo/clipfrac", "ppo/approx_kl",
     "perf/rollout_s", "perf/update_s", "perf/gen_tokens_per_s", "perf/env_steps_per_s",
+    "perf/gen_s", "perf/env_s", "perf/old_logprob_s", "perf/values_s", "perf/weight_sync_s", "perf/step_s",
+    "perf/update_flops_per_s", "perf/update_peak_share",
 ]
 # ... only once the entropy window has an entry (k >= 1) ...
 FROM_STEP_ONE = ["epo/entropy_ref", "loss/smooth"]
 # ... after each evaluation (test_every=1) ...
-VALIDATION = ["val/iid/success", "val/ood/success", "val/iid/reward", "val/ood/reward"]
+VALIDATION = ["val/iid/success", "val/ood/success", "val/iid/reward", "val/ood/reward", "perf/eval_s"]
 # ... and never without a reference model.
 ABSENT = ["loss/kl"]
 

@@ -104,3 +104,23 @@ def test_an_evaluation_before_fit_hands_its_engine_and_environments_to_fit(compo
     metrics = run(compose_cfg(*FAST, "val_at_start=true", "test_every=1000"))
     assert sorted(events) == ["engine built", "engine closed", "pool built", "pool closed"]
     assert "val/iid/success" in metrics and "loss/total" in metrics
+
+
+def test_the_parts_of_an_rl_step_add_up_to_the_step_and_are_said_in_its_line(compose_cfg, tmp_path, caplog):
+    """perf/step_s is timed whole; the rollout, the old-policy passes (log-probs, values, reference), the update, the
+    weight push and the checkpoint are timed on their own and add up to it (the rest is Lightning's own loop)."""
+    caplog.set_level("INFO", logger="lightning_epo.training.module")
+    run(compose_cfg(*FAST, "algo=ppo_epo", "algo.kl_coef=0.01", "test_every=1", "callbacks.checkpoint.every_n_rl_steps=1"))
+    rows = list(csv.DictReader((tmp_path / "run" / "csv" / "metrics.csv").open()))
+    steps = [{k: float(v) for k, v in row.items() if v} for row in rows if row.get("perf/step_s")]
+    assert len(steps) == 2
+    for step in steps:
+        parts = ["rollout", "old_logprob", "values", "ref_logprob", "update", "weight_sync", "checkpoint"]
+        timed = sum(step[f"perf/{part}_s"] for part in parts)
+        assert timed <= step["perf/step_s"] <= timed + max(0.5, 0.1 * timed), step
+        assert step["perf/gen_s"] + step["perf/env_s"] <= step["perf/rollout_s"]
+        assert step["perf/update_flops_per_s"] > 0 and 0 < step["perf/update_peak_share"] < 1.5
+    assert sum(bool(row.get("perf/eval_s")) for row in rows) == 2  # an evaluation after each step
+    lines = [r.getMessage() for r in caplog.records if " took " in r.getMessage()]
+    assert [line.split(" took ")[0] for line in lines] == ["step 0", "step 1"]
+    assert all("reference" in line and "checkpoint" in line and "matmul peak" in line for line in lines)

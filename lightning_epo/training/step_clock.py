@@ -1,0 +1,113 @@
+"""Where an RL step's time goes: seconds per part, the update's model FLOPs and the machine's matmul peak.
+
+One RL step's parts (DESIGN.md's ``perf/*`` rows): the rollout (``perf/gen_s`` + ``perf/env_s`` + prompt building),
+the old-policy pass (``perf/old_logprob_s``, with a critic ``perf/values_s``, with a KL reference
+``perf/ref_logprob_s``), the update (``perf/update_s``), the weight push (``perf/weight_sync_s``) and the checkpoint
+(``perf/checkpoint_s``); ``perf/step_s`` is the whole step, measured on its own, so the parts can be checked to add
+up to it. An evaluation is timed on its own (``perf/eval_s``). On CUDA each part ends with a synchronisation: the
+kernels a part launched are counted in it, not in the next.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
+
+import torch
+
+
+class StepClock:
+    """Seconds per named part of one RL step, summed over the part's intervals (a part may run per micro-batch)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.started = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """Add the time of the ``with`` block (its CUDA kernels included) to ``perf/<name>_s``."""
+        self._synchronize()
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._synchronize()
+            self.add(name, time.perf_counter() - began)
+
+    def add(self, name: str, seconds: float) -> None:
+        """Add ``seconds`` measured elsewhere (the rollout's, the weight push's) to ``perf/<name>_s``."""
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def elapsed(self) -> float:
+        """Seconds since the step began."""
+        return time.perf_counter() - self.started
+
+
+def model_flops_per_token(model: torch.nn.Module) -> tuple[float, float]:
+    """A forward's FLOPs per token of ``model`` (an actor, or a critic's backbone with its value head), in two parts:
+    ``2 * P`` for its ``P`` parameters outside the embeddings and the output layer (every token computed), and
+    ``2 * d * V`` for the output layer (0 without one; only where logits are taken: the response tokens). The usual
+    model-FLOPs convention (PaLM's MFU): attention's score products and elementwise work are left out, and a LoRA
+    model counts its base weights (the adapters are a few per mille)."""
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    output_weight = output.weight if output is not None else None
+    skip = {id(model.get_input_embeddings().weight), id(output_weight)}
+    params = sum(_numel(p) for name, p in model.named_parameters() if id(p) not in skip and "lora_" not in name)
+    return 2.0 * params, 2.0 * (_numel(output_weight) if output_weight is not None else 0)
+
+
+def _numel(param: torch.Tensor) -> int:
+    """A parameter's size, also where ZeRO-3 holds only this rank's shard of it."""
+    return getattr(param, "ds_numel", param.numel())
+
+
+@cache
+def matmul_peak_flops(device_type: str, dtype: torch.dtype) -> float:
+    """FLOP/s of a square ``torch.matmul`` at ``dtype`` on this process's threads (CPU) or on the current GPU: the
+    physical limit the update's achieved FLOP/s is held against. Measured once per process: about 1 s."""
+    size = 8192 if device_type == "cuda" else 1024
+    device = torch.device(device_type)
+    a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
+    sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
+    for _ in range(2):
+        a @ b
+    sync()
+    repeats, began = 5, time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    sync()
+    return 2.0 * size**3 * repeats / (time.perf_counter() - began)
+
+
+PART_LABELS = {"old_logprob": "log-probs", "values": "values", "ref_logprob": "reference"}
+
+
+def step_line(step: int, seconds: dict[str, float], flops_per_s: float, peak: float) -> str:
+    """``step 3 took 45.2 s: rollout 20.1 s (gen 18.0, env 2.1), old policy 5.2 s (log-probs 3.0, values 2.2),
+    update 18.3 s at 95 GFLOP/s (83 % of the matmul peak, 115 GFLOP/s), weight push 0.1 s, checkpoint 1.5 s``
+    from RL step ``step``'s ``perf/*`` values (``seconds``)."""
+    def s(part: str) -> float:
+        return seconds.get(f"perf/{part}_s", 0.0)
+
+    old = {label: s(part) for part, label in PART_LABELS.items() if f"perf/{part}_s" in seconds}
+    parts = [
+        f"rollout {s('rollout'):.1f} s (gen {s('gen'):.1f}, env {s('env'):.1f})",
+        f"old policy {sum(old.values()):.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in old.items())})",
+        f"update {s('update'):.1f} s at {_rate(flops_per_s)} ({100 * flops_per_s / peak:.0f} % of the matmul peak, "
+        f"{_rate(peak)})",
+        f"weight push {s('weight_sync'):.2f} s",
+    ]
+    if "perf/checkpoint_s" in seconds:
+        parts.append(f"checkpoint {s('checkpoint'):.1f} s")
+    return f"step {step} took {s('step'):.1f} s: " + ", ".join(parts)
+
+
+def _rate(flops_per_s: float) -> str:
+    return f"{flops_per_s / 1e12:.1f} TFLOP/s" if flops_per_s >= 1e12 else f"{flops_per_s / 1e9:.1f} GFLOP/s"

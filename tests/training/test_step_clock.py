@@ -1,0 +1,53 @@
+"""The pieces of an RL step's timing: the clock's parts, the model-FLOPs count, the matmul peak, the step's line."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from lightning_epo.models.loading import load_actor, load_critic
+from lightning_epo.models.lora import add_lora
+from lightning_epo.training.step_clock import StepClock, matmul_peak_flops, model_flops_per_token, step_line
+
+
+def model_cfg(path):
+    return {"name_or_path": path, "dtype": "float32", "attn_implementation": "sdpa"}
+
+
+def test_a_part_adds_up_over_its_intervals():
+    clock = StepClock(torch.device("cpu"))
+    for _ in range(2):
+        with clock.part("update"):
+            time.sleep(0.02)
+    clock.add("weight_sync", 0.5)
+    assert 0.04 <= clock.seconds["update"] < 0.2 and clock.seconds["weight_sync"] == 0.5
+    assert clock.elapsed() >= clock.seconds["update"]
+
+
+def test_model_flops_count_the_decoder_once_and_the_output_layer_apart(tiny_model_path):
+    """Two FLOPs per parameter per token: the decoder's parameters (not the embeddings) and the [V, d] output layer,
+    counted apart since it runs on response tokens only; the critic's backbone has no output layer; LoRA adds none."""
+    actor = load_actor(model_cfg(tiny_model_path))
+    d, vocab = actor.config.hidden_size, actor.config.vocab_size
+    decoder = sum(p.numel() for name, p in actor.named_parameters() if "embed_tokens" not in name
+                  and "lm_head" not in name)
+    assert model_flops_per_token(actor) == (2.0 * decoder, 2.0 * d * vocab)
+    critic = load_critic(model_cfg(tiny_model_path))
+    assert model_flops_per_token(critic.backbone) == (2.0 * decoder, 0.0)
+    lora = add_lora(actor, {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"}, "CAUSAL_LM")
+    assert model_flops_per_token(lora) == (2.0 * decoder, 2.0 * d * vocab)
+
+
+def test_the_matmul_peak_is_a_measured_rate():
+    peak = matmul_peak_flops("cpu", torch.float32)
+    assert 1e9 < peak < 1e13  # between a GFLOP/s and ten TFLOP/s on any CPU
+    assert matmul_peak_flops("cpu", torch.float32) == peak  # measured once per process
+
+
+def test_the_step_line_names_every_part_present():
+    seconds = {"perf/step_s": 10.0, "perf/rollout_s": 4.0, "perf/gen_s": 3.0, "perf/env_s": 0.5,
+               "perf/old_logprob_s": 1.0, "perf/values_s": 0.5, "perf/update_s": 4.0, "perf/weight_sync_s": 0.01}
+    line = step_line(3, seconds, flops_per_s=50e9, peak=100e9)
+    assert line == ("step 3 took 10.0 s: rollout 4.0 s (gen 3.0, env 0.5), old policy 1.5 s (log-probs 1.0, values 0.5), "
+                    "update 4.0 s at 50.0 GFLOP/s (50 % of the matmul peak, 100.0 GFLOP/s), weight push 0.01 s")
