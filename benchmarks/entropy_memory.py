@@ -11,15 +11,7 @@ logits' gradient included) and ``total`` = logits + extra, the figure compared t
 The largest fitting T: the total is linear in T, so it is fitted through the two table sizes, solved for
 the budget and then checked in subprocesses (the solution fits; 5% more does not).
 
-The whole stage, output layer included (``--stage``): from hidden states ``h [T, d]`` and an output weight
-``W [V, d]`` (float32, both with gradients, allocated before the peak mark is reset), today's path (``F.linear`` then
-``token_logprobs_and_entropy`` with ``chunk_size``) against ``fused_output_logprobs_and_entropy`` with the same chunk
-size, over T = 256 ... 8192, twice: ``fused`` (the backward recomputes each chunk's logits) and ``formed`` (given the
-loss as ``token_loss``, as the trainer's update gives it, the forward forms the gradients): the fused peak should
-not grow with T, and its CPU time stay near today's.
-
     python benchmarks/entropy_memory.py [--quick] [--budget-mib 2048]
-    python benchmarks/entropy_memory.py --stage [--quick] [--hidden 512] [--chunk 256]
 """
 
 from __future__ import annotations
@@ -68,69 +60,13 @@ def worker(tokens: int, chunk: int | None) -> dict[str, float]:
             "cpu_s": seconds}
 
 
-STAGE_PATHS = ("today", "fused", "formed")
-
-
-def stage_worker(tokens: int, hidden: int, chunk: int, path: str) -> dict[str, float]:
-    """Runs in the subprocess: peak memory above ``h``, ``W`` (MiB) and CPU seconds of the output layer + log-probs +
-    entropy, forward and backward (``W``'s and ``h``'s gradients included in the peak), by ``path`` (STAGE_PATHS)."""
-    import torch.nn.functional as F
-
-    from lightning_epo.algos.entropy import fused_output_logprobs_and_entropy, token_logprobs_and_entropy
-
-    torch.set_num_threads(1)
-    g = torch.Generator().manual_seed(0)
-    h = torch.randn(tokens, hidden, generator=g).requires_grad_()
-    weight = (torch.randn(VOCAB, hidden, generator=g) * 2 / hidden**0.5).requires_grad_()
-    labels = torch.randint(0, VOCAB, (tokens,), generator=g)
-    w1, w2 = torch.randn(tokens, generator=g), torch.randn(tokens, generator=g)
-    rss_before = _status_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    def loss(logprob: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
-        return (logprob * w1).sum() + (entropy * w2).sum()
-
-    start = time.process_time()
-    if path == "today":
-        logprob, entropy = token_logprobs_and_entropy(F.linear(h, weight), labels, chunk)
-    else:
-        logprob, entropy = fused_output_logprobs_and_entropy(h, weight, labels, chunk_size=chunk,
-                                                             token_loss=loss if path == "formed" else None)
-    loss(logprob, entropy).backward()
-    seconds = time.process_time() - start
-    return {"extra_mib": (_status_kib("VmHWM") - rss_before) / 1024, "cpu_s": seconds}
-
-
-def run(tokens: int, chunk: int | None, stage: tuple[int, str] | None = None) -> dict[str, float]:
-    """``worker`` (or ``stage_worker`` with ``stage = (hidden, path)``) in a fresh Python process."""
+def run(tokens: int, chunk: int | None) -> dict[str, float]:
+    """``worker`` in a fresh Python process."""
     cmd = [sys.executable, __file__, "--worker", str(tokens), str(chunk or 0)]
-    if stage:
-        cmd += ["--stage-of", str(stage[0]), stage[1]]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
-        raise RuntimeError(f"worker {tokens} tokens, chunk {chunk}, stage {stage} failed:\n{out.stderr[-2000:]}")
+        raise RuntimeError(f"worker {tokens} tokens, chunk {chunk} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def stage_table(hidden: int, chunk: int, sizes: list[int]) -> None:
-    """Today's output layer + chunked log-probs/entropy against the fused function (recomputing, and with the
-    gradients formed in the forward), per T; then the fused peaks' spread over T and the time ratios."""
-    print(f"\nOutput layer + log-probs + entropy, forward + backward: h [T, {hidden}], W [{VOCAB}, {hidden}] float32, "
-          f"chunk_size {chunk}; memory above h and W (gradients of h and W included); CPU time with one thread")
-    rows, peaks, ratios = [], {"fused": [], "formed": []}, {"fused": [], "formed": []}
-    for tokens in sizes:
-        cells = {path: run(tokens, chunk, (hidden, path)) for path in STAGE_PATHS}
-        for path in peaks:
-            peaks[path].append(cells[path]["extra_mib"])
-            ratios[path].append(cells[path]["cpu_s"] / cells["today"]["cpu_s"])
-        rows.append([tokens, *(cells[path]["extra_mib"] for path in STAGE_PATHS),
-                     *(cells[path]["cpu_s"] for path in STAGE_PATHS), ratios["fused"][-1], ratios["formed"][-1]])
-    print_table(["T", "today MiB", "fused MiB", "formed MiB", "today CPU s", "fused CPU s", "formed CPU s",
-                 "time fused / today", "time formed / today"], rows)
-    for path in peaks:
-        print(f"{path}: peak max / min over T = {max(peaks[path]) / min(peaks[path]):.3f} (target <= 1.10); time / "
-              f"today: median {sorted(ratios[path])[len(ratios[path]) // 2]:.3f}, max {max(ratios[path]):.3f} "
-              "(target <= 1.1)")
 
 
 def largest_fitting(chunk: int | None, budget_mib: float, a: dict, b: dict) -> tuple[int, dict, dict]:
@@ -150,23 +86,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and a 512 MiB budget (about a minute)")
     parser.add_argument("--budget-mib", type=float, help="memory budget for the logits' part (default 2048; quick 512)")
-    parser.add_argument("--stage", action="store_true", help="the output layer too: today's path against the fused one")
-    parser.add_argument("--hidden", type=int, help="--stage: hidden size d (default 512; quick 256)")
-    parser.add_argument("--chunk", type=int, default=256, help="--stage: chunk_size of both paths (default 256)")
     parser.add_argument("--worker", nargs=2, type=int, metavar=("TOKENS", "CHUNK"), help=argparse.SUPPRESS)
-    parser.add_argument("--stage-of", nargs=2, metavar=("HIDDEN", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker and args.stage_of:
-        print(json.dumps(stage_worker(args.worker[0], int(args.stage_of[0]), args.worker[1], args.stage_of[1])))
-        return
     if args.worker:
         print(json.dumps(worker(args.worker[0], args.worker[1] or None)))
-        return
-    if args.stage:
-        torch.set_num_threads(1)
-        print(machine_line())
-        sizes = [256, 1024, 4096, 8192] if args.quick else [256, 512, 1024, 2048, 4096, 8192]
-        stage_table(args.hidden or (256 if args.quick else 512), args.chunk, sizes)
         return
     budget = args.budget_mib or (512.0 if args.quick else 2048.0)
     sizes = [128, 256] if args.quick else [256, 1024]

@@ -18,8 +18,6 @@ Arms, each on the same batch and the same initial weights:
 - ``tokens+fold``, ``tokens+prefix+fold``: the token budget (with and without the prefix) and
   ``model.fold_turns=true`` (a row that begins a longer row of its mini-batch, an earlier turn of the same episode,
   is read from that row's forward; the budget counts the rows computed);
-- ``tokens+prefix+fused``: the token budget, the prefix and ``model.fused_output=true`` (the output layer applied
-  chunk by chunk inside the log-prob/entropy function).
 
 With ``--model qwen`` every arm sets ``model.logits_chunk_size=1024``, as the shipped Qwen2.5 configs do.
 
@@ -195,7 +193,6 @@ def main() -> None:
     arms = {name: compose_cfg(*base, *extra) for name, extra in {
         "rows": [], "tokens": [tokens], "rows+prefix": [prefix], "tokens+prefix": [tokens, prefix],
         "tokens+fold": [tokens, fold], "tokens+prefix+fold": [tokens, prefix, fold],
-        "tokens+prefix+fused": [tokens, prefix, "model.fused_output=true"],
     }.items()}
     order = [name for i in range(args.repeats) for name in (list(arms) if i % 2 == 0 else list(arms)[::-1])]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in arms}

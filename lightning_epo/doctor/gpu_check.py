@@ -2,7 +2,7 @@
 most 10 minutes on one GPU. Two RL steps (gridworld, ``debug=fast``) of each case through ``train.py`` as a user
 runs it, then a table of generation tokens/s, update time and peak GPU memory:
 
-- ``trainer=gpu`` (bf16-mixed): the tiny model, with ``model.lora.r=8``, with ``model.fused_output=true``, and
+- ``trainer=gpu`` (bf16-mixed): the tiny model, with ``model.lora.r=8``, and
   SmolLM2-135M-Instruct where its files exist (``make smollm2``);
 - ``rollout=vllm`` (with ``.venv-vllm``'s Python) and vLLM's log-probs after a weight push against the trainer's
   (benchmarks/vllm_logprob_check.py at bfloat16: mean |difference| <= 2e-2, 99th percentile <= 0.2);
@@ -71,7 +71,6 @@ def cases(gpus: int, trainer: str = "trainer=gpu") -> list[Case]:
     found = [
         Case("tiny", single),
         Case("tiny, LoRA r=8", (*single, "model.lora.r=8")),
-        Case("tiny, fused output layer", (*single, "model.fused_output=true")),
         Case("SmolLM2-135M", (*single, "model=smollm2-135m"), missing=smollm2),
         Case("SmolLM2-135M, LoRA r=8", (*single, "model=smollm2-135m", "model.lora.r=8"), missing=smollm2),
         Case("tiny, rollout=vllm", (*single, "rollout=vllm"), python=vllm or "", missing=no_vllm),

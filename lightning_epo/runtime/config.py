@@ -126,7 +126,7 @@ RULES: dict[str, Rule] = {
     "algo.epo.beta_end": NON_NEGATIVE, "algo.epo.lambda_d": POSITIVE,
     # model
     "model.max_prompt_tokens": integer(), "model.logits_chunk_size": integer(optional=True),
-    "model.fused_output": SWITCH, "model.shared_prefix": SWITCH, "model.fold_turns": SWITCH,
+    "model.shared_prefix": SWITCH, "model.fold_turns": SWITCH,
     "model.trust_remote_code": SWITCH, "model.gradient_checkpointing": SWITCH, "model.build_if_missing": SWITCH,
     "model.tiny.vocab_size": integer(), "model.tiny.hidden_size": integer(), "model.tiny.intermediate_size": integer(),
     "model.tiny.num_layers": integer(), "model.tiny.num_heads": integer(), "model.tiny.num_kv_heads": integer(),

@@ -234,11 +234,10 @@ class EPOModule(L.LightningModule):
         return replace(folded, prefix=prefix)
 
     def _token_outputs(
-        self, mb: RolloutBatch, sharing: Sharing, model: torch.nn.Module | None = None, token_loss: Any = None
+        self, mb: RolloutBatch, sharing: Sharing, model: torch.nn.Module | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs and entropies ``[n, L]`` of ``mb``'s response tokens under ``model`` (the actor by default),
-        its shared tokens computed once (:meth:`_sharing`); ``token_loss``: the loss of them that the backward will
-        differentiate (lets the fused output layer form its gradients in the forward, see ``actor_token_outputs``)."""
+        its shared tokens computed once (:meth:`_sharing`)."""
         return actor_token_outputs(
             model if model is not None else self.actor,
             mb.input_ids,
@@ -246,9 +245,7 @@ class EPOModule(L.LightningModule):
             mb.response_mask,
             self.model_cfg.get("logits_chunk_size"),
             self.hparams.train_temperature,
-            self.model_cfg.get("fused_output", False),
             sharing,
-            token_loss,
         )
 
     def _reference_logprobs(self, mb: RolloutBatch, sharing: Sharing) -> torch.Tensor:
@@ -389,11 +386,7 @@ class EPOModule(L.LightningModule):
         mb = batch.select(rows)
         length, sharing = mb.input_ids.shape[1], self._sharing(mb)
         mb_targets = targets.select(rows, length)
-
-        def actor_loss(logprob: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:  # what backward gets from them
-            return epo_objective(logprob, entropy, None, mb_targets, settings)[0] * (scale * weight)
-
-        logprob, entropy = self._token_outputs(mb, sharing, token_loss=actor_loss)
+        logprob, entropy = self._token_outputs(mb, sharing)
         values = self.critic(mb.input_ids, mb.attention_mask, sharing) if self.critic is not None else None
         loss, terms = epo_objective(logprob, entropy, values, mb_targets, settings)
         poison = torch.where(torch.isfinite(loss.detach()), 1.0, float("nan"))  # 1, or NaN for a non-finite loss

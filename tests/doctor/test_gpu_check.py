@@ -52,9 +52,9 @@ def test_a_missing_piece_is_reported_missing(monkeypatch, tmp_path):
 
 
 def test_the_single_gpu_cases_run_on_cpu_and_report_their_figures(tmp_path):
-    """The tiny model's cases (plain, LoRA, fused output layer) with ``trainer=cpu`` in place of ``trainer=gpu``:
+    """The tiny model's cases (plain, LoRA) with ``trainer=cpu`` in place of ``trainer=gpu``:
     each passes and reports generation tokens/s and update time (peak GPU memory exists on CUDA only)."""
-    for case in cases(1, trainer="trainer=cpu")[:3]:
+    for case in cases(1, trainer="trainer=cpu")[:2]:
         result = run_case(case, tmp_path)
         assert result.status == "passed", result.note
         assert result.figures["perf/gen_tokens_per_s"] > 0 and result.figures["perf/update_s"] > 0
