@@ -15,7 +15,7 @@ from lightning_epo.callbacks.wandb_setup import finish_wandb_run
 from lightning_epo.core import layout
 from lightning_epo.core.secrets import scrub_hydra_output
 from lightning_epo.models.loading import model_source
-from lightning_epo.runtime.config import check_machine, check_resume, resolve_ckpt_path, validate
+from lightning_epo.runtime.config import check_machine, check_prompt_room, check_resume, resolve_ckpt_path, validate
 from lightning_epo.runtime.console import closing_lines
 from lightning_epo.runtime.resolvers import register_resolvers
 from lightning_epo.runtime.run_dir_lock import RunDirLock
@@ -42,6 +42,7 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]
     # The tiny model is built here, once, before any trainer starts: inside the module's configure_model a
     # ZeRO-3 rank would build it under zero.Init (empty parameter shards), several ranks at once.
     model_source(cfg.model)
+    check_prompt_room(cfg)  # needs the model's tokenizer
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with RunDirLock(run_dir):
