@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 REDACTED = "<redacted>"
@@ -73,14 +72,9 @@ def scrubbed_argv() -> Iterator[None]:
         sys.argv = argv
 
 
-def scrub_hydra_output() -> None:
-    """Rewrite the ``.hydra/*.yaml`` files of this Hydra run (config, overrides, hydra) scrubbed. Hydra writes
-    them as typed before the task starts; a run without them (composed in a test, a DDP rank) is left alone."""
-    if not HydraConfig.initialized() or HydraConfig.get().output_subdir is None:
-        return
-    hydra_dir = Path(HydraConfig.get().runtime.output_dir) / HydraConfig.get().output_subdir
-    for path in hydra_dir.glob("*.yaml"):
-        saved = OmegaConf.to_container(OmegaConf.load(path))
-        scrubbed = scrub_secrets(saved)
-        if scrubbed != saved:
-            OmegaConf.save(OmegaConf.create(scrubbed), path)
+def scrub_saved_config(path: Path) -> None:
+    """Rewrite the YAML file ``path`` (a config Hydra saved as typed) scrubbed, when it holds a secret."""
+    saved = OmegaConf.to_container(OmegaConf.load(path))
+    scrubbed = scrub_secrets(saved)
+    if scrubbed != saved:
+        OmegaConf.save(OmegaConf.create(scrubbed), path)

@@ -13,7 +13,6 @@ from omegaconf import DictConfig
 
 from lightning_epo.callbacks.wandb_setup import finish_wandb_run
 from lightning_epo.core import layout
-from lightning_epo.core.secrets import scrub_hydra_output
 from lightning_epo.models.loading import model_source
 from lightning_epo.runtime.config import check_machine, check_prompt_room, check_resume, resolve_ckpt_path, validate
 from lightning_epo.runtime.console import closing_lines
@@ -36,7 +35,6 @@ def build_logger(cfg: DictConfig):
 def run(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]:
     """Train (``mode=train``, after the ``warm_start`` stage if any) or evaluate (``mode=eval``, writing
     ``eval.json``); returns the final metrics. ``overrides``: the command line's (for the warm start to inherit)."""
-    scrub_hydra_output()  # first: Hydra saved the config and command line as typed, secrets included
     validate(cfg)
     check_machine(cfg)
     # The tiny model is built here, once, before any trainer starts: inside the module's configure_model a
