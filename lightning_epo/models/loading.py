@@ -250,6 +250,12 @@ def load_critic(model_cfg: Mapping[str, Any]) -> ValueModel:
     return critic
 
 
+def uses_reference(model_cfg: Mapping[str, Any], kl_coef: float) -> bool:
+    """Whether a run keeps a frozen reference model: with a KL term (``kl_coef > 0``), unless LoRA is on (the actor's
+    adapter-free base is then the reference)."""
+    return kl_coef > 0 and lora_settings(model_cfg) is None
+
+
 def load_reference(model_cfg: Mapping[str, Any]) -> PreTrainedModel:
     """A frozen copy of the initial policy for the KL term: eval mode, ``requires_grad=False`` everywhere."""
     reference = _from_pretrained("reference model", AutoModelForCausalLM.from_pretrained, model_cfg, weights=True)

@@ -18,6 +18,7 @@ from lightning_epo.runtime.config import check_machine, check_prompt_room, check
 from lightning_epo.runtime.console import closing_lines
 from lightning_epo.runtime.resolvers import register_resolvers
 from lightning_epo.runtime.run_dir_lock import RunDirLock
+from lightning_epo.runtime.state_settings import check_checkpoint_settings, state_settings
 from lightning_epo.runtime.warm_start import command_line_overrides, run_warm_start, start_from
 
 log = logging.getLogger(__name__)
@@ -53,12 +54,14 @@ def _train_or_evaluate(cfg: DictConfig, run_dir: Path, overrides: list[str] | No
     if cfg.warm_start and cfg.mode == "train":
         user_overrides = command_line_overrides() if overrides is None else overrides
         start_from(cfg, run_warm_start(cfg, user_overrides, run_stage=run))
+    settings = state_settings(cfg)  # after the warm start: the model is its policy
+    check_checkpoint_settings(ckpt_path, settings)
     if cfg.get("torch_threads"):
         torch.set_num_threads(cfg.torch_threads)
     L.seed_everything(cfg.seed, workers=True)
     try:
         datamodule = hydra.utils.instantiate(cfg.data)
-        module = hydra.utils.instantiate(cfg.module)
+        module = hydra.utils.instantiate(cfg.module, state_settings=settings)
         # An evaluation reports in eval.json (conf/config.yaml: mode): logged, it would land at step 0 of the
         # evaluated run's own history (csv, and wandb, whose run id is the run directory's) over val_at_start's point.
         logger = build_logger(cfg) if cfg.mode == "train" else False
