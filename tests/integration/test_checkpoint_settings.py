@@ -77,3 +77,28 @@ def test_a_checkpoint_that_records_no_settings_is_left_to_the_loader(compose_cfg
     ckpt = tmp_path / "old.ckpt"
     torch.save({"pytorch-lightning_version": "2.6.0", "state_dict": {}}, ckpt)
     check_checkpoint_settings(str(ckpt), state_settings(compose_cfg()))
+
+
+def saved_with(path: Path, settings: dict) -> Path:
+    """A checkpoint file at ``path`` that records ``settings`` (its state is beside the point here)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"pytorch-lightning_version": "2.6.0", "state_settings": settings}, path)
+    return path
+
+
+def test_a_checkpoint_of_another_tiny_model_size_names_the_architecture(compose_cfg, tmp_path):
+    ckpt = saved_with(tmp_path / "last.ckpt", state_settings(compose_cfg()))
+    wider = compose_cfg(f"model.name_or_path={tmp_path / 'wider'}", "model.build_if_missing=true",
+                        "model.tiny.hidden_size=128")
+    with pytest.raises(ConfigError, match=r"other settings: model architecture hidden_size: 64 \(this run: 128\):"):
+        check_checkpoint_settings(str(ckpt), state_settings(wider))
+
+
+def test_a_deepspeed_checkpoint_resumed_without_deepspeed_names_the_stage(compose_cfg, tmp_path):
+    """DeepSpeed's checkpoint is a directory: Lightning's entries are in its first rank's model states."""
+    zero3 = ["trainer=deepspeed_stage_3", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]
+    ckpt = tmp_path / "last.ckpt"
+    saved_with(ckpt / "checkpoint" / "zero_pp_rank_0_mp_rank_00_model_states.pt", state_settings(compose_cfg(*zero3)))
+    with pytest.raises(ConfigError, match=r"saved with other settings: trainer.strategy.stage: 3 \(this run: null\)"):
+        check_checkpoint_settings(str(ckpt), state_settings(compose_cfg()))
+    check_checkpoint_settings(str(ckpt), state_settings(compose_cfg(*zero3)))
