@@ -13,6 +13,7 @@ gets a configured token). What counts as a secret:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -78,3 +79,25 @@ def scrub_saved_config(path: Path) -> None:
     scrubbed = scrub_secrets(saved)
     if scrubbed != saved:
         OmegaConf.save(OmegaConf.create(scrubbed), path)
+
+
+def scrub_log_records() -> None:
+    """From now on, every log record of the process has its secrets redacted as it is made, whatever handler then
+    writes it (Hydra replaces its handlers each time it launches a job). Idempotent."""
+    make_record = logging.getLogRecordFactory()
+    if getattr(make_record, "scrubs_secrets", False):
+        return
+
+    def scrubbed_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # arguments that do not fit the message: the handler reports it
+            return record
+        scrubbed = _scrub_text(message, _secret_env_values())
+        if scrubbed != message:
+            record.msg, record.args = scrubbed, None
+        return record
+
+    scrubbed_record.scrubs_secrets = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(scrubbed_record)

@@ -1,5 +1,5 @@
-"""A Hydra callback that keeps secrets off Hydra's own files: they are rewritten scrubbed before any job code runs,
-and no signal can stop the process while they still hold a secret.
+"""A Hydra callback that keeps secrets off Hydra's own files and log lines: the files are rewritten scrubbed before
+any job code runs, no signal can stop the process while they still hold a secret, and log records are made redacted.
 
 Hydra saves the config and the command line as typed (a ``+model.token=hf_...`` included): each job's
 ``.hydra/{config,hydra,overrides}.yaml`` right before the job starts, and a sweep's ``multirun.yaml`` before its
@@ -8,6 +8,9 @@ seconds importing before anything else), and scrubs them all. From the start of 
 between the jobs of a sweep, SIGTERM and SIGINT are held and act once the files are scrubbed: the process stops with
 status 128 + the signal's number, as :class:`~lightning_epo.runtime.preemption.Preemption` stops a run outside a
 trainer call (whose handlers replace these while a job runs).
+
+Hydra also logs each job's overrides as it launches a sweep (a job script's output file keeps them): from the start
+of the run every log record is made with its secrets redacted (console, ``train.log``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from lightning_epo.core.secrets import scrub_saved_config
+from lightning_epo.core.secrets import scrub_log_records, scrub_saved_config
 from lightning_epo.runtime.preemption import SIGNALS
 
 
@@ -67,6 +70,7 @@ class ScrubHydraOutput(Callback):
         self._restore()
 
     def _install(self) -> None:
+        scrub_log_records()
         self._previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
         for signum in SIGNALS:
             signal.signal(signum, self._on_signal)

@@ -59,9 +59,10 @@ def test_no_secret_reaches_any_file_of_the_run(tiny_model_path, tmp_path, logger
 COMMAND_LINE_TOKEN = "hf_" + "PlantedCommandLineToken0123456789"
 
 
-def test_a_multirun_leaves_no_secret_in_its_sweep_directory(tiny_model_path, tmp_path):
+def test_a_multirun_leaves_no_secret_in_its_sweep_directory_or_its_log_lines(tiny_model_path, tmp_path):
     """Hydra saves the sweep's config and command line (``multirun.yaml``) and each job's ``.hydra`` before any job
-    code runs; the jobs here are refused at start (a bad total_steps), which keeps the test short."""
+    code runs, and logs each job's overrides (a job script's output file keeps them); the jobs here are refused at
+    start (a bad total_steps), which keeps the test short."""
     sweep = tmp_path / "sweep"
     result = subprocess.run(
         [sys.executable, str(REPO / "train.py"), "-m", *FAST, f"model.name_or_path={tiny_model_path}", "seed=0,1",
@@ -72,6 +73,7 @@ def test_a_multirun_leaves_no_secret_in_its_sweep_directory(tiny_model_path, tmp
     searched = dict(file_contents(sweep))
     assert any(path.endswith("multirun.yaml") for path in searched) and any("/.hydra/" in path for path in searched)
     assert not [path for path, data in searched.items() if COMMAND_LINE_TOKEN.encode() in data]
+    assert "#0 : " in result.stdout and COMMAND_LINE_TOKEN not in result.stdout + result.stderr
 
 
 def test_a_sigterm_right_after_hydra_saved_the_config_leaves_no_secret(tiny_model_path, tmp_path):
