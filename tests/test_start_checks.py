@@ -4,6 +4,7 @@ or not at all, are refused (or warned about) by runtime/config.py's checks in on
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -67,6 +68,7 @@ def test_float16_on_cpu_is_refused_with_the_reason(compose_cfg):
     with pytest.raises(UserError, match=r"model.dtype=float16 cannot train on CPU .*: use model.dtype=float32 or bfloat16"):
         check_machine(compose_cfg("model.dtype=float16"))
     check_machine(compose_cfg("model.dtype=bfloat16"))
+    check_machine(compose_cfg("model.dtype=float16", "mode=eval"))  # evaluating in float16 is slow, not wrong
 
 
 @pytest.fixture
@@ -79,6 +81,15 @@ def test_an_uncached_hub_id_without_network_fails_at_once(compose_cfg, empty_hub
     with pytest.raises(UserError, match=r"model.name_or_path=Qwen/Qwen2.5-3B-Instruct is not in the Hugging Face cache "
                                         r"and http://127.0.0.1:9 cannot be reached .*huggingface-cli download"):
         check_machine(compose_cfg("model=qwen2.5-3b", "model.name_or_path=Qwen/Qwen2.5-3B-Instruct"))
+
+
+def test_a_hub_that_does_not_answer_is_given_up_on_after_the_probe_timeout(monkeypatch):
+    """A name lookup that hangs (socket timeouts do not cover it) is left behind after the probe's timeout."""
+    monkeypatch.setattr(loading, "HUB_PROBE_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(loading.socket, "create_connection", lambda *args, **kwargs: time.sleep(5))
+    start = time.monotonic()
+    assert loading._unreachable("https://huggingface.co") == "no answer within 0.1 s"
+    assert time.monotonic() - start < 1
 
 
 def test_an_uncached_hub_id_in_offline_mode_fails_at_once(compose_cfg, empty_hub_cache, monkeypatch):

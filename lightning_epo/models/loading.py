@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as ProbeTimeout
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -138,16 +137,19 @@ def _unreachable(url: str) -> str | None:
     or None when a connection opens."""
     parts = urlsplit(url)
     address = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+    outcome: list[str | None] = []
 
     def connect() -> None:
-        socket.create_connection(address, timeout=HUB_PROBE_TIMEOUT_S).close()
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
         try:
-            pool.submit(connect).result(timeout=HUB_PROBE_TIMEOUT_S)
-        except (OSError, ProbeTimeout) as exc:
-            return str(exc) or "timed out"
-    return None
+            socket.create_connection(address, timeout=HUB_PROBE_TIMEOUT_S).close()
+            outcome.append(None)
+        except OSError as exc:
+            outcome.append(str(exc) or type(exc).__name__)
+
+    probe = threading.Thread(target=connect, daemon=True)  # a name lookup that hangs is left behind, not waited for
+    probe.start()
+    probe.join(HUB_PROBE_TIMEOUT_S)
+    return outcome[0] if outcome else f"no answer within {HUB_PROBE_TIMEOUT_S:g} s"
 
 
 def check_hub_access(model_cfg: Mapping[str, Any]) -> None:

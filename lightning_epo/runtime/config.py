@@ -373,12 +373,14 @@ def _on_cpu(trainer: DictConfig) -> bool:
     return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
 
 
-def _check_model_on_machine(model: DictConfig, trainer: DictConfig) -> None:
-    """The model's dtype and attention implementation can run here (flash attention: CUDA and its package)."""
-    if model.get("dtype") == "float16" and _on_cpu(trainer):
+def _check_model_on_machine(cfg: DictConfig) -> None:
+    """The model's dtype can train here (float16: on a GPU) and its attention implementation can run here (flash
+    attention: CUDA and its package)."""
+    model, trainer = cfg.model, cfg.trainer
+    if model.get("dtype") == "float16" and cfg.mode == "train" and _on_cpu(trainer):
         raise UserError(
-            "model.dtype=float16 cannot train on CPU (no mixed precision or loss scaling there: float16 weights and "
-            "gradients overflow and the run diverges): use model.dtype=float32 or bfloat16"
+            "model.dtype=float16 cannot train on CPU (pure float16 training, without a GPU's mixed precision and loss "
+            "scaling, diverges; a lower lr does not help): use model.dtype=float32 or bfloat16"
         )
     if model.get("attn_implementation") == "flash_attention_2":
         missing = (["a CUDA GPU"] if _on_cpu(trainer) else []) + (
@@ -414,7 +416,7 @@ def check_machine(cfg: DictConfig) -> None:
     or logger (the model's hub id included: not cached and not reachable)."""
     if cfg.rollout.engine.get("_target_") == VLLM_ENGINE and importlib.util.find_spec("vllm") is None:
         raise UserError(VLLM_MISSING)
-    _check_model_on_machine(cfg.model, cfg.trainer)
+    _check_model_on_machine(cfg)
     _check_wandb_login(cfg.get("logger"))
     check_hub_access(cfg.model)
     trainer = cfg.trainer
