@@ -70,12 +70,14 @@ class ScrubHydraOutput(Callback):
         self._restore()
 
     def _install(self) -> None:
+        """At the start of a run or sweep: log records made redacted, SIGTERM / SIGINT routed to :meth:`_on_signal`."""
         scrub_log_records()
         self._previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
         for signum in SIGNALS:
             signal.signal(signum, self._on_signal)
 
     def _restore(self) -> None:
+        """At its end: the handlers it found back; a signal still held stops the process."""
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._stop_if_held()
