@@ -53,8 +53,10 @@ def vllm_env():
 
 @pytest.fixture
 def gpu_machine(monkeypatch):
-    """The start checks (``check_machine``) as on a CUDA node with vLLM and DeepSpeed installed."""
+    """The start checks (``check_machine``) as on a CUDA node with vLLM and DeepSpeed installed and the hub models
+    in reach (cached or downloadable)."""
     from lightning_epo.runtime import config
 
     monkeypatch.setattr(config.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(config.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(config, "check_hub_access", lambda model: None)

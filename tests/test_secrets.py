@@ -86,3 +86,21 @@ def test_the_warm_start_logs_its_stages_command_line_without_secrets(compose_cfg
         run_warm_start(cfg, [f"+model.token={token}"], run_stage=stage)
     lines = [r.getMessage() for r in caplog.records if "warm start: python train.py" in r.getMessage()]
     assert len(lines) == 1 and "+model.token=" in lines[0] and token not in lines[0]
+
+
+def test_log_records_are_made_with_their_secrets_redacted(caplog):
+    import logging
+
+    from lightning_epo.core.secrets import scrub_log_records
+
+    previous = logging.getLogRecordFactory()
+    try:
+        scrub_log_records()
+        scrub_log_records()  # idempotent: one layer
+        with caplog.at_level(logging.INFO):
+            logging.getLogger("hydra.launcher").info("\t#%d : %s", 0, f"seed=0 +model.token={HF} algo=grpo")
+        assert caplog.records[0].getMessage() == f"\t#0 : seed=0 +model.token={REDACTED} algo=grpo"
+        make_record = logging.getLogRecordFactory()  # arguments that do not fit: left for the handler to report
+        assert make_record("x", logging.INFO, "f.py", 1, "bad %d", ("not a number",), None).args == ("not a number",)
+    finally:
+        logging.setLogRecordFactory(previous)

@@ -13,6 +13,7 @@ gets a configured token). What counts as a secret:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -21,7 +22,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 REDACTED = "<redacted>"
@@ -73,14 +73,31 @@ def scrubbed_argv() -> Iterator[None]:
         sys.argv = argv
 
 
-def scrub_hydra_output() -> None:
-    """Rewrite the ``.hydra/*.yaml`` files of this Hydra run (config, overrides, hydra) scrubbed. Hydra writes
-    them as typed before the task starts; a run without them (composed in a test, a DDP rank) is left alone."""
-    if not HydraConfig.initialized() or HydraConfig.get().output_subdir is None:
+def scrub_saved_config(path: Path) -> None:
+    """Rewrite the YAML file ``path`` (a config Hydra saved as typed) scrubbed, when it holds a secret."""
+    saved = OmegaConf.to_container(OmegaConf.load(path))
+    scrubbed = scrub_secrets(saved)
+    if scrubbed != saved:
+        OmegaConf.save(OmegaConf.create(scrubbed), path)
+
+
+def scrub_log_records() -> None:
+    """From now on, every log record of the process has its secrets redacted as it is made, whatever handler then
+    writes it (Hydra replaces its handlers each time it launches a job). Idempotent."""
+    make_record = logging.getLogRecordFactory()
+    if getattr(make_record, "scrubs_secrets", False):
         return
-    hydra_dir = Path(HydraConfig.get().runtime.output_dir) / HydraConfig.get().output_subdir
-    for path in hydra_dir.glob("*.yaml"):
-        saved = OmegaConf.to_container(OmegaConf.load(path))
-        scrubbed = scrub_secrets(saved)
-        if scrubbed != saved:
-            OmegaConf.save(OmegaConf.create(scrubbed), path)
+
+    def scrubbed_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # arguments that do not fit the message: the handler reports it
+            return record
+        scrubbed = _scrub_text(message, _secret_env_values())
+        if scrubbed != message:
+            record.msg, record.args = scrubbed, None
+        return record
+
+    scrubbed_record.scrubs_secrets = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(scrubbed_record)

@@ -24,19 +24,23 @@ Weights load from safetensors only (``use_safetensors=True``).
 from __future__ import annotations
 
 import json
+import socket
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import torch
 from huggingface_hub import constants as hub_constants
+from huggingface_hub import try_to_load_from_cache
 from peft import PeftModel
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from lightning_epo.core.errors import UserError
 from lightning_epo.models.critic import ValueModel
 from lightning_epo.models.lora import add_lora, lora_settings
-from lightning_epo.models.tiny import REPO_ROOT, build_tiny_model
+from lightning_epo.models.tiny import RECORDED_BUILD_SETTINGS, REPO_ROOT, build_tiny_model
 
 DTYPES: dict[str, torch.dtype | str] = {
     "float32": torch.float32,
@@ -59,10 +63,19 @@ def _looks_like_path(name: str) -> bool:
     return Path(name.split("/")[0]).expanduser().exists()
 
 
-def model_source(model_cfg: Mapping[str, Any]) -> tuple[str, bool]:
-    """``(source, is_local)``: the model directory (building the tiny model there if configured) or the hub id."""
+def _hub_id(model_cfg: Mapping[str, Any]) -> str | None:
+    """``model.name_or_path`` when it names a hub model (not a tiny model to build, not a path), else None."""
     if not model_cfg.get("name_or_path"):
         raise ModelLoadError("model.name_or_path is not set: give a model directory or a hub id (or use model=tiny)")
+    name = str(model_cfg["name_or_path"])
+    return None if model_cfg.get("build_if_missing") or _looks_like_path(name) else name
+
+
+def model_source(model_cfg: Mapping[str, Any]) -> tuple[str, bool]:
+    """``(source, is_local)``: the model directory (building the tiny model there if configured) or the hub id."""
+    hub_id = _hub_id(model_cfg)
+    if hub_id is not None:
+        return hub_id, False
     name = str(model_cfg["name_or_path"])
     if model_cfg.get("build_if_missing"):
         path = Path(name).expanduser()
@@ -73,8 +86,6 @@ def model_source(model_cfg: Mapping[str, Any]) -> tuple[str, bool]:
         _check_model_dir(path, name, "or delete it to let model.build_if_missing rebuild the tiny model there")
         _check_tiny_shape(path, name, tiny)
         return str(path), True
-    if not _looks_like_path(name):
-        return name, False
     path = Path(name).expanduser()
     if not path.exists():
         raise ModelLoadError(
@@ -104,14 +115,58 @@ TINY_SHAPE_FIELDS = {
 
 
 def _check_tiny_shape(path: Path, name: str, tiny: Mapping[str, Any]) -> None:
-    """A tiny model built earlier with other ``model.tiny`` settings (e.g. before a default changed) is refused."""
-    built = json.loads((path / "config.json").read_text())
-    stale = [f"{key}={built.get(field)} (config: {tiny[key]})" for key, field in TINY_SHAPE_FIELDS.items()
-             if key in tiny and built.get(field) != tiny[key]]
+    """A tiny model built earlier with other ``model.tiny`` settings (e.g. before a default changed) is refused:
+    its shape as config.json gives it, the seed and vocabulary bound as the build recorded them there (a copy
+    built before they were recorded was built with the builder's defaults)."""
+    config = json.loads((path / "config.json").read_text())
+    built = {key: config.get(field) for key, field in TINY_SHAPE_FIELDS.items()}
+    built |= RECORDED_BUILD_SETTINGS | config.get("tiny_build", {})
+    stale = [f"{key}={built[key]} (config: {tiny[key]})" for key in built if key in tiny and built[key] != tiny[key]]
     if stale:
         raise ModelLoadError(
             f"the tiny model at '{name}' was built with other settings ({', '.join(stale)}): delete that directory "
             "to let model.build_if_missing rebuild it"
+        )
+
+
+HUB_PROBE_TIMEOUT_S = 5.0
+
+
+def _unreachable(url: str) -> str | None:
+    """Why nothing answers at ``url``'s host and port within :data:`HUB_PROBE_TIMEOUT_S` (name lookup included),
+    or None when a connection opens."""
+    parts = urlsplit(url)
+    address = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+    outcome: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection(address, timeout=HUB_PROBE_TIMEOUT_S).close()
+            outcome.append(None)
+        except OSError as exc:
+            outcome.append(str(exc) or type(exc).__name__)
+
+    probe = threading.Thread(target=connect, daemon=True)  # a name lookup that hangs is left behind, not waited for
+    probe.start()
+    probe.join(HUB_PROBE_TIMEOUT_S)
+    return outcome[0] if outcome else f"no answer within {HUB_PROBE_TIMEOUT_S:g} s"
+
+
+def check_hub_access(model_cfg: Mapping[str, Any]) -> None:
+    """A hub id that is neither in the Hugging Face cache nor reachable is refused at once, in one line (the hub
+    client would retry for about 50 s before failing); a local model, or a cached or reachable one, passes."""
+    hub_id = _hub_id(model_cfg)
+    if hub_id is None or isinstance(try_to_load_from_cache(hub_id, "config.json", revision=model_cfg.get("revision")),
+                                    str):
+        return
+    why = "HF_HUB_OFFLINE is set" if hub_constants.HF_HUB_OFFLINE else None
+    if why is None and (reason := _unreachable(hub_constants.ENDPOINT)) is not None:
+        why = f"{hub_constants.ENDPOINT} cannot be reached ({reason})"
+    if why is not None:
+        raise ModelLoadError(
+            f"model.name_or_path={hub_id} is not in the Hugging Face cache and {why}: download it where the network "
+            f"allows (`huggingface-cli download {hub_id} --local-dir DIR`) and set model.name_or_path=DIR, or set "
+            f"HF_HOME to a cache that holds it (the cache now: {hub_constants.HF_HUB_CACHE})"
         )
 
 
@@ -195,6 +250,12 @@ def load_critic(model_cfg: Mapping[str, Any]) -> ValueModel:
     critic = ValueModel(backbone)
     _enable_checkpointing(critic, model_cfg)
     return critic
+
+
+def uses_reference(model_cfg: Mapping[str, Any], kl_coef: float) -> bool:
+    """Whether a run keeps a frozen reference model: with a KL term (``kl_coef > 0``), unless LoRA is on (the actor's
+    adapter-free base is then the reference)."""
+    return kl_coef > 0 and lora_settings(model_cfg) is None
 
 
 def load_reference(model_cfg: Mapping[str, Any]) -> PreTrainedModel:

@@ -166,17 +166,22 @@ def random_qwen2(
     return model
 
 
+# The build arguments that config.json does not show (vocab_size bounds the BPE, seed draws the weights), with their
+# defaults: build_tiny_model records them there under "tiny_build", and the loader compares them to model.tiny.
+RECORDED_BUILD_SETTINGS = {"vocab_size": 2048, "seed": 0}
+
+
 def build_tiny_model(
     path: str | os.PathLike = DEFAULT_TINY_MODEL_DIR,
     *,
-    vocab_size: int = 2048,
+    vocab_size: int = RECORDED_BUILD_SETTINGS["vocab_size"],
     hidden_size: int = 64,
     num_layers: int = 2,
     num_heads: int = 2,
     num_kv_heads: int = 1,
     intermediate_size: int = 128,
     init_std: float = 0.125,
-    seed: int = 0,
+    seed: int = RECORDED_BUILD_SETTINGS["seed"],
     corpus: str | os.PathLike = TOKENIZER_CORPUS,
 ) -> Path:
     """Train the tokenizer, random-init the model and save both (safetensors) under ``path``; returns ``path``.
@@ -210,5 +215,6 @@ def build_tiny_model(
             init_std=init_std,
             seed=seed,
         )
+        model.config.tiny_build = {"vocab_size": vocab_size, "seed": seed}
         model.save_pretrained(staging)
     return path

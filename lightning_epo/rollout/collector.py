@@ -26,12 +26,20 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightning_epo.core.errors import ConfigError
 from lightning_epo.envs.base import EnvPool, StepResult, Task
 from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams
 from lightning_epo.rollout.episode import Episode, TurnSample
 from lightning_epo.rollout.prompts import PromptBuilder, parse_action
 
 TRUNCATION_MARK = "..."
+
+
+def fixed_prompt_tokens(prompt: PromptBuilder, tokenizer: Any) -> int:
+    """The length of every prompt's fixed part: the first-turn prompt with an empty task, an observation cut to
+    nothing (:data:`TRUNCATION_MARK`) and no action list. No prompt of ``prompt`` is shorter, however much
+    :meth:`EpisodeCollector._prompt_ids` shortens it."""
+    return len(prompt.token_ids(tokenizer, prompt.text("", TRUNCATION_MARK, None, [], 0)))
 
 
 @dataclass
@@ -237,7 +245,7 @@ class EpisodeCollector:
             if len(ids) <= self.max_prompt_tokens:
                 return ids
             keep -= max(1, len(ids) - self.max_prompt_tokens)
-        raise ValueError(
-            f"the prompt without history and observation is longer than max_prompt_tokens={self.max_prompt_tokens} "
-            "(task text and admissible actions alone); raise max_prompt_tokens"
+        raise ConfigError(
+            f"the prompt without history and observation is longer than model.max_prompt_tokens="
+            f"{self.max_prompt_tokens} (task text and admissible actions alone): raise model.max_prompt_tokens"
         )

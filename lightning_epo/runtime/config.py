@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
+import hydra
 import torch
+from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
 from omegaconf import DictConfig, ListConfig
 
 from lightning_epo.algos import ADVANTAGES, KL_ESTIMATORS, PENALTIES, POLICY_LOSSES
 from lightning_epo.core import layout
 from lightning_epo.core.errors import ConfigError, UserError
+from lightning_epo.models.loading import check_hub_access, load_tokenizer
+from lightning_epo.rollout.collector import fixed_prompt_tokens
 from lightning_epo.rollout.datamodule import TASK_ORDERS
 from lightning_epo.rollout.vllm_engine import VLLM_MISSING
 from lightning_epo.training.checkpoint_io import finished_steps_in, is_intact, unsafe_content
@@ -186,13 +192,22 @@ def _choice(value: object, valid: list[str], key: str) -> None:
         raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(valid)}")
 
 
+PRECISIONS = [*get_args(_PRECISION_INPUT_STR), *get_args(_PRECISION_INPUT_STR_ALIAS)]  # Lightning's names
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` with one line naming the key and the fix."""
     _choice(cfg.mode, ["train", "eval"], "mode")
     _choice(cfg.data.task_order, list(TASK_ORDERS), "data.task_order")
     check_rules(cfg)
+    precision = cfg.trainer.precision  # YAML reads 32 as an integer, which Lightning takes too
+    _choice(str(precision) if type(precision) is int else precision, PRECISIONS, "trainer.precision")
+    _eval_splits(list(cfg.env.eval_splits))
     if cfg.stop_at_step is not None and cfg.stop_at_step > cfg.total_steps:
         raise ConfigError(f"stop_at_step={cfg.stop_at_step} is beyond total_steps={cfg.total_steps}")
+    if cfg.mode == "train" and cfg.test_every > cfg.total_steps:
+        log.warning("test_every=%d is above total_steps=%d: no evaluation will run during training (lower test_every "
+                    "to evaluate)", cfg.test_every, cfg.total_steps)
     if cfg.data.oversample > 1 and cfg.algo.group_size < 2:
         raise ConfigError(
             f"data.oversample={cfg.data.oversample} needs algo.group_size >= 2 (one rollout per task never mixes wins "
@@ -206,6 +221,11 @@ def validate(cfg: DictConfig) -> None:
     algo = cfg.algo
     _choice(algo.advantage, ADVANTAGES.names(), "algo.advantage")
     _choice(algo.policy_loss, POLICY_LOSSES.names(), "algo.policy_loss")
+    if algo.advantage == "grpo" and algo.group_size < 2 and algo.policy_loss != "nll":  # nll: supervised, no advantage
+        raise ConfigError(
+            f"algo.group_size={algo.group_size} with algo.advantage=grpo: a rollout is scored against the mean of its "
+            "group, so every advantage is 0 and only the entropy term trains: set algo.group_size>=2"
+        )
     if algo.kl_estimator == "k1":
         raise ConfigError(
             "algo.kl_estimator=k1 (log pi - log pi_ref) in the loss has zero expected gradient on-policy: use k2 "
@@ -244,6 +264,15 @@ def validate(cfg: DictConfig) -> None:
             )
     if cfg.ckpt_path not in (None, "last") and not Path(cfg.ckpt_path).exists():  # DeepSpeed saves directories
         raise ConfigError(f"ckpt_path '{cfg.ckpt_path}' does not exist: give a .ckpt file, or ckpt_path=last")
+
+
+def _eval_splits(splits: list[str]) -> None:
+    """Each evaluation split once (a split named twice would log its metrics twice in one step)."""
+    twice = sorted({split for split in splits if splits.count(split) > 1})
+    if twice:
+        once = ",".join(dict.fromkeys(splits))
+        raise ConfigError(f"env.eval_splits lists {', '.join(twice)} twice: list each split once, e.g. "
+                          f"env.eval_splits=[{once}]")
 
 
 def _devices(devices: object) -> None:
@@ -338,10 +367,58 @@ def _missing_for_deepspeed(accelerator: str | None) -> list[str]:
     return missing
 
 
+def _on_cpu(trainer: DictConfig) -> bool:
+    """Whether the trainer runs on CPU (``trainer.accelerator=cpu``, or ``auto`` without a CUDA GPU)."""
+    accelerator = trainer.get("accelerator", "auto")
+    return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+
+
+def _check_model_on_machine(cfg: DictConfig) -> None:
+    """The model's dtype can train here (float16: on a GPU) and its attention implementation can run here (flash
+    attention: CUDA and its package)."""
+    model, trainer = cfg.model, cfg.trainer
+    if model.get("dtype") == "float16" and cfg.mode == "train" and _on_cpu(trainer):
+        raise UserError(
+            "model.dtype=float16 cannot train on CPU (pure float16 training, without a GPU's mixed precision and loss "
+            "scaling, diverges; a lower lr does not help): use model.dtype=float32 or bfloat16"
+        )
+    if model.get("attn_implementation") == "flash_attention_2":
+        missing = (["a CUDA GPU"] if _on_cpu(trainer) else []) + (
+            ["the flash_attn package"] if importlib.util.find_spec("flash_attn") is None else [])
+        if missing:
+            raise UserError(
+                f"model.attn_implementation=flash_attention_2 needs {' and '.join(missing)}: install it on a CUDA "
+                "machine (`pip install flash-attn --no-build-isolation`), or set model.attn_implementation=sdpa"
+            )
+
+
+WANDB_OFF_MODES = ("offline", "dryrun", "disabled")
+
+
+def _check_wandb_login(logger: DictConfig | None) -> None:
+    """``logger=wandb`` online needs credentials (an API key in the environment, or ``wandb login``'s netrc entry):
+    without them wandb fails at the first logged value, after the model is built."""
+    if not logger or logger.get("offline", True) or os.environ.get("WANDB_MODE") in WANDB_OFF_MODES:
+        return
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return
+    from wandb.sdk.lib.wbauth.wbnetrc import read_netrc_auth  # wandb's own reading of `wandb login`'s entry
+
+    if read_netrc_auth(host=os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")) is None:
+        raise UserError(
+            "logger=wandb with logger.offline=false needs a W&B login: run `wandb login` (or set WANDB_API_KEY), or "
+            "keep logger.offline=true and `wandb sync` the run directory later"
+        )
+
+
 def check_machine(cfg: DictConfig) -> None:
-    """Fail at start, with one line naming the fix, when this machine cannot run the chosen trainer or engine."""
+    """Fail at start, with one line naming the fix, when this machine cannot run the chosen trainer, engine, model
+    or logger (the model's hub id included: not cached and not reachable)."""
     if cfg.rollout.engine.get("_target_") == VLLM_ENGINE and importlib.util.find_spec("vllm") is None:
         raise UserError(VLLM_MISSING)
+    _check_model_on_machine(cfg)
+    _check_wandb_login(cfg.get("logger"))
+    check_hub_access(cfg.model)
     trainer = cfg.trainer
     strategy = trainer.get("strategy")
     if isinstance(strategy, DictConfig) and strategy.get("_target_") == DEEPSPEED_FACTORY:
@@ -366,4 +443,17 @@ def check_machine(cfg: DictConfig) -> None:
         raise UserError(
             "trainer.accelerator=gpu but no CUDA GPU is visible: use trainer=cpu, or trainer=ddp "
             "trainer.accelerator=cpu trainer.devices=2 trainer.precision=32-true for data parallelism on CPU"
+        )
+
+
+def check_prompt_room(cfg: DictConfig) -> None:
+    """``model.max_prompt_tokens`` holds the prompt's fixed text (the environment's instructions, without task,
+    observation, history and action list: no prompt is shorter), tokenized by the model's tokenizer."""
+    fixed = fixed_prompt_tokens(hydra.utils.instantiate(cfg.data.collector.prompt), load_tokenizer(cfg.model))
+    limit = cfg.model.max_prompt_tokens
+    if limit < fixed:
+        raise ConfigError(
+            f"model.max_prompt_tokens={limit} cannot hold the prompt's fixed text ({fixed} tokens for env={cfg.env.name})"
+            f": raise model.max_prompt_tokens well above {fixed}, to leave room for the task and the observation "
+            "(the model configs ship 2048 or more)"
         )

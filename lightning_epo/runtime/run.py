@@ -13,12 +13,12 @@ from omegaconf import DictConfig
 
 from lightning_epo.callbacks.wandb_setup import finish_wandb_run
 from lightning_epo.core import layout
-from lightning_epo.core.secrets import scrub_hydra_output
 from lightning_epo.models.loading import model_source
-from lightning_epo.runtime.config import check_machine, check_resume, resolve_ckpt_path, validate
+from lightning_epo.runtime.config import check_machine, check_prompt_room, check_resume, resolve_ckpt_path, validate
 from lightning_epo.runtime.console import closing_lines
 from lightning_epo.runtime.resolvers import register_resolvers
 from lightning_epo.runtime.run_dir_lock import RunDirLock
+from lightning_epo.runtime.state_settings import check_checkpoint_settings, state_settings
 from lightning_epo.runtime.warm_start import command_line_overrides, run_warm_start, start_from
 
 log = logging.getLogger(__name__)
@@ -36,12 +36,12 @@ def build_logger(cfg: DictConfig):
 def run(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]:
     """Train (``mode=train``, after the ``warm_start`` stage if any) or evaluate (``mode=eval``, writing
     ``eval.json``); returns the final metrics. ``overrides``: the command line's (for the warm start to inherit)."""
-    scrub_hydra_output()  # first: Hydra saved the config and command line as typed, secrets included
     validate(cfg)
     check_machine(cfg)
     # The tiny model is built here, once, before any trainer starts: inside the module's configure_model a
     # ZeRO-3 rank would build it under zero.Init (empty parameter shards), several ranks at once.
     model_source(cfg.model)
+    check_prompt_room(cfg)  # needs the model's tokenizer
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with RunDirLock(run_dir):
@@ -54,12 +54,14 @@ def _train_or_evaluate(cfg: DictConfig, run_dir: Path, overrides: list[str] | No
     if cfg.warm_start and cfg.mode == "train":
         user_overrides = command_line_overrides() if overrides is None else overrides
         start_from(cfg, run_warm_start(cfg, user_overrides, run_stage=run))
+    settings = state_settings(cfg)  # after the warm start: the model is its policy
+    check_checkpoint_settings(ckpt_path, settings)
     if cfg.get("torch_threads"):
         torch.set_num_threads(cfg.torch_threads)
     L.seed_everything(cfg.seed, workers=True)
     try:
         datamodule = hydra.utils.instantiate(cfg.data)
-        module = hydra.utils.instantiate(cfg.module)
+        module = hydra.utils.instantiate(cfg.module, state_settings=settings)
         # An evaluation reports in eval.json (conf/config.yaml: mode): logged, it would land at step 0 of the
         # evaluated run's own history (csv, and wandb, whose run id is the run directory's) over val_at_start's point.
         logger = build_logger(cfg) if cfg.mode == "train" else False

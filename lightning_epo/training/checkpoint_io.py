@@ -91,6 +91,23 @@ def finished_steps_in(path: Path) -> int | None:
     return None if path.is_dir() else finished_steps(_read(path))
 
 
+def _lightning_part(path: Path) -> Path | None:
+    """The file that holds Lightning's part of the checkpoint at ``path``: the file itself, or in a DeepSpeed
+    checkpoint directory its first rank's model states (Lightning's entries are the engine's client state)."""
+    return path if not path.is_dir() else next(iter(sorted(path.glob("checkpoint/*mp_rank_00_model_states.pt"))), None)
+
+
+def recorded_state_settings(path: Path) -> dict[str, Any] | None:
+    """The settings that fixed the state of the checkpoint at ``path`` (``state_settings``, see
+    lightning_epo/runtime/state_settings.py); None when it records none (written before they were recorded, or a
+    DeepSpeed directory whose states a safe load refuses: its loader decides)."""
+    part = _lightning_part(path)
+    try:
+        return _read(part).get("state_settings") if part is not None else None
+    except pickle.UnpicklingError:
+        return None
+
+
 def reopen_finished_run(checkpoint: dict[str, Any]) -> None:
     """Make the checkpoint of a finished run resume like one written after its last RL step mid-run, so that a larger
     ``total_steps`` (``limit_train_batches``) trains the steps beyond it: the loop progress that

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Iterator
 
@@ -56,7 +57,7 @@ from lightning_epo.core.errors import TrainingDiverged
 from lightning_epo.core.metric_names import LOSS_TERMS, PANELS, PROGRESS_BAR, ROLLOUT_COUNTS, STEP_PARTS
 from lightning_epo.core.secrets import scrub_secrets
 from lightning_epo.core.seeding import seed_rl_step
-from lightning_epo.models.loading import load_actor, load_critic, load_reference
+from lightning_epo.models.loading import load_actor, load_critic, load_reference, uses_reference
 from lightning_epo.models.lora import is_lora
 from lightning_epo.models.policy_outputs import actor_token_outputs
 from lightning_epo.models.shared_prefix import Sharing, prefix_hosts, shared_prefix_length
@@ -90,15 +91,20 @@ class EPOModule(L.LightningModule):
         edge_turns: int = 2,
         edge_tokens: int = 10,
         max_turns: int = 50,
+        state_settings: Mapping[str, Any] | None = None,
     ) -> None:
+        """``state_settings``: the run's settings that fix its checkpoint's state (lightning_epo/runtime/
+        state_settings.py), recorded in every checkpoint for a resume to compare (None: none recorded)."""
         super().__init__()
         # plain containers in the checkpoint: Lightning resumes with torch.load(weights_only=True)
         model, algo, optim = (OmegaConf.to_container(c, resolve=True) for c in (model, algo, optim))
         eval_splits = list(eval_splits)
         # Lightning collects the init arguments, then keeps them scrubbed: the checkpoint and every logger get them
         # (the models load from the unscrubbed ``model`` below, e.g. with its hub token)
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["state_settings"])  # the checkpoint holds them apart (on_save_checkpoint)
         self.save_hyperparameters(scrub_secrets(dict(self.hparams)))
+        # plain too (Hydra's instantiate hands the dict over as a DictConfig)
+        self.state_settings = None if state_settings is None else OmegaConf.to_container(OmegaConf.create(state_settings))
         self.automatic_optimization = False
         self.model_cfg, self.algo, self.optim_cfg = (OmegaConf.create(c) for c in (model, algo, optim))
         self.fixed_settings = self._objective_settings()
@@ -131,7 +137,7 @@ class EPOModule(L.LightningModule):
         self.actor = load_actor(self.model_cfg).train()
         if self.algo.critic:
             self.critic = load_critic(self.model_cfg).train()
-        if self.algo.kl_coef > 0 and not is_lora(self.actor):  # with LoRA the reference is the adapter-free base
+        if uses_reference(self.model_cfg, self.algo.kl_coef):  # with LoRA the reference is the adapter-free base
             self.reference = load_reference(self.model_cfg)
 
     def teardown(self, stage: str) -> None:
@@ -637,6 +643,8 @@ class EPOModule(L.LightningModule):
         checkpoint["rl_state"] = {
             "rl_step": self.rl_step, "skipped_steps": self.skipped_steps, "skip_streak": self.skip_streak,
         }
+        if self.state_settings is not None:
+            checkpoint["state_settings"] = self.state_settings
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore the RL step counters; a finished run resumed with a larger ``total_steps`` is reopened to train the

@@ -124,3 +124,41 @@ def test_a_torch_file_that_is_not_a_lightning_checkpoint_is_one_line(tmp_path):
     done = train("~experiment", "debug=fast", f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path / 'run'}")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert last_line(done.stderr).startswith(f"error: ckpt_path '{ckpt}' is not a Lightning checkpoint")
+
+
+NO_LOGIN = {"WANDB_API_KEY": None, "WANDB_MODE": None, "NETRC": "{tmp}/netrc", "HOME": "{tmp}"}
+NO_HUB = {"HF_HUB_CACHE": "{tmp}/hub", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing cached, nothing listens
+
+
+@pytest.mark.parametrize(
+    "args,env,expected",
+    [
+        (["model.attn_implementation=flash_attention_2"], {}, "model.attn_implementation=flash_attention_2 needs "),
+        (["model.max_prompt_tokens=4"], {}, "model.max_prompt_tokens=4 cannot hold the prompt's fixed text"),
+        (["env.eval_splits=[iid,iid]"], {}, "env.eval_splits lists iid twice"),
+        (["trainer.precision=banana"], {}, "trainer.precision='banana' is not valid; choose one of: "),
+        (["logger=wandb", "logger.offline=false"], NO_LOGIN, "logger=wandb with logger.offline=false needs a W&B login"),
+        (["model.dtype=float16"], {}, "model.dtype=float16 cannot train on CPU"),
+        (["model=qwen2.5-3b"], NO_HUB, "model.name_or_path=Qwen/Qwen2.5-3B-Instruct is not in the Hugging Face cache"),
+        (["algo=grpo", "algo.group_size=1"], {}, "algo.group_size=1 with algo.advantage=grpo"),
+        (["model.tiny.seed=5"], {}, "the tiny model at "),
+    ],
+    ids=["flash-attn", "prompt-room", "eval-splits", "precision", "wandb-login", "fp16-cpu", "hub-offline",
+         "groups-of-one", "tiny-seed"],
+)
+def test_what_used_to_fail_late_is_refused_at_start_in_one_line(tiny_model_path, tmp_path, args, env, expected):
+    """Issue 33: each of these failed in a traceback after the model was built, or trained doing nothing."""
+    model = [] if any(a.startswith("model=") for a in args) else [f"model.name_or_path={tiny_model_path}"]
+    changes = {name: value and value.format(tmp=tmp_path) for name, value in env.items()}
+    run_env = {k: v for k, v in (os.environ | changes).items() if v is not None}
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "~experiment", "debug=fast", *model, *args,
+         f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True, text=True, timeout=300, env=run_env,
+    )
+    seconds = time.monotonic() - start
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and len(errors) == 1
+    assert last_line(result.stderr).startswith(f"error: {expected}")
+    assert seconds < 15, f"refused after {seconds:.1f} s"

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -52,3 +54,42 @@ def test_no_secret_reaches_any_file_of_the_run(tiny_model_path, tmp_path, logger
     assert all(any(path.endswith(name) for path in searched) for name in expected), sorted(searched)
     leaks = [(path, secret) for path, data in searched.items() for secret in SECRETS if secret.encode() in data]
     assert not leaks, leaks
+
+
+COMMAND_LINE_TOKEN = "hf_" + "PlantedCommandLineToken0123456789"
+
+
+def test_a_multirun_leaves_no_secret_in_its_sweep_directory_or_its_log_lines(tiny_model_path, tmp_path):
+    """Hydra saves the sweep's config and command line (``multirun.yaml``) and each job's ``.hydra`` before any job
+    code runs, and logs each job's overrides (a job script's output file keeps them); the jobs here are refused at
+    start (a bad total_steps), which keeps the test short."""
+    sweep = tmp_path / "sweep"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "-m", *FAST, f"model.name_or_path={tiny_model_path}", "seed=0,1",
+         f"+model.token={COMMAND_LINE_TOKEN}", "total_steps=abc", f"hydra.sweep.dir={sweep}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    searched = dict(file_contents(sweep))
+    assert any(path.endswith("multirun.yaml") for path in searched) and any("/.hydra/" in path for path in searched)
+    assert not [path for path, data in searched.items() if COMMAND_LINE_TOKEN.encode() in data]
+    assert "#0 : " in result.stdout and COMMAND_LINE_TOKEN not in result.stdout + result.stderr
+
+
+def test_a_sigterm_right_after_hydra_saved_the_config_leaves_no_secret(tiny_model_path, tmp_path):
+    """The signal arrives as soon as ``.hydra`` appears (before the run's own code, as a scheduler that cancels a job
+    at once would): the run stops with 143 and the saved files hold no secret."""
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *FAST, f"model.name_or_path={tiny_model_path}",
+         f"+model.token={COMMAND_LINE_TOKEN}", f"hydra.run.dir={run_dir}"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while not (run_dir / ".hydra").exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 143
+    searched = dict(file_contents(run_dir))
+    assert any("/.hydra/" in path for path in searched)
+    assert not [path for path, data in searched.items() if COMMAND_LINE_TOKEN.encode() in data]

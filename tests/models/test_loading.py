@@ -103,6 +103,16 @@ def test_tiny_model_built_with_other_settings_is_refused(tmp_path):
         load_actor(changed)
 
 
+@pytest.mark.parametrize("setting,value", [("seed", 5), ("vocab_size", 700)])
+def test_tiny_model_built_with_another_seed_or_vocabulary_is_refused(tmp_path, setting, value):
+    """Neither shows in the model's config.json (the vocabulary is the BPE's upper bound): the build records them."""
+    built = {"vocab_size": 600, "seed": 0}
+    model_source(model_cfg(tmp_path / "tiny", build_if_missing=True, tiny=built))
+    changed = model_cfg(tmp_path / "tiny", build_if_missing=True, tiny={**built, setting: value})
+    with pytest.raises(ModelLoadError, match=rf"built with other settings \({setting}={built[setting]} \(config: {value}\)\)"):
+        model_source(changed)
+
+
 @pytest.mark.parametrize("missing", ["/no/such/model_dir", "./no_such_dir/model", "../no_such_dir", "~/no_such_dir_x"])
 def test_missing_local_path_names_the_fix(missing):
     with pytest.raises(ModelLoadError) as error:
