@@ -51,6 +51,7 @@ def test_a_missing_piece_is_reported_missing(monkeypatch, tmp_path):
     assert "| tiny, ZeRO-3, 2 GPUs | missing |" in table(results)
 
 
+@pytest.mark.slow  # two train.py runs, ~1-3 min: make test stays under 30 minutes (test_train.py runs the same path)
 def test_the_single_gpu_cases_run_on_cpu_and_report_their_figures(tmp_path):
     """The tiny model's cases (plain, LoRA) with ``trainer=cpu`` in place of ``trainer=gpu``:
     each passes and reports generation tokens/s and update time (peak GPU memory exists on CUDA only)."""

@@ -137,7 +137,7 @@ def test_one_gpu_recipe_fits_an_80_gb_gpu_and_passes_the_start_checks(gpu_machin
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("experiment", [
-    pytest.param("alfworld_1gpu", marks=pytest.mark.alfworld),
+    pytest.param("alfworld_1gpu", marks=[pytest.mark.alfworld, pytest.mark.slow]),  # 88 s: CI's 30 minutes
     pytest.param("sciworld_1gpu", marks=[pytest.mark.sciworld, pytest.mark.slow]),
 ])
 def test_one_gpu_recipe_evaluates_and_trains_on_cpu(vllm_env, tiny_model_path, tmp_path, experiment):
