@@ -27,7 +27,7 @@ def test_without_cuda_it_says_so_in_one_line_and_fails():
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_every_train_case_passes_the_start_checks_of_a_gpu_machine(gpu_machine, gpus):
     runs = [case for case in cases(gpus) if not case.command]
-    assert len(runs) == (8 if gpus == 1 else 11)
+    assert len(runs) == (7 if gpus == 1 else 10)
     for case in runs:
         cfg = shipped(*case.overrides)
         validate(cfg)
