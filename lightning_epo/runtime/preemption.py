@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import logging
 import signal
+from pathlib import Path
 from types import FrameType, TracebackType
+
+from lightning_epo.training.checkpoint_io import newest_checkpoint
 
 log = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -26,7 +29,9 @@ class Preemption:
     """Context manager around a whole run (``train.py``): turns SIGTERM / SIGINT into a checkpointed stop and
     the exit status 128 + the signal's number (see the module docstring). ``signum``: the first signal received."""
 
-    def __init__(self) -> None:
+    def __init__(self, checkpoints: str | Path | None = None) -> None:
+        """``checkpoints``: the run's checkpoint directory, so that a stop advises a resume only where one exists."""
+        self.checkpoints = checkpoints
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
 
@@ -43,7 +48,9 @@ class Preemption:
             signal.signal(signum, handler)
         if exc is not None and self.signum is not None:
             name = signal.Signals(self.signum).name
-            log.warning("stopped by %s (exit status %d): resume with ckpt_path=last", name, 128 + self.signum)
+            advice = "resume with ckpt_path=last" if newest_checkpoint(self.checkpoints) is not None else \
+                "no checkpoint was written yet (stopped before the first RL step ended): start the run again"
+            log.warning("stopped by %s (exit status %d): %s", name, 128 + self.signum, advice)
             raise SystemExit(128 + self.signum) from exc
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:

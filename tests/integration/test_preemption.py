@@ -110,3 +110,23 @@ def test_slurm_requeue_signal_still_reaches_lightning_inside_preemption(monkeypa
             assert trainer.received_sigterm and preemption.signum == signal.SIGTERM
         finally:
             trainer._signal_connector.teardown()
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_the_stop_advises_a_resume_only_where_a_checkpoint_exists(tmp_path, caplog, checkpointed):
+    """A SIGTERM during the evaluation before the first step (val_at_start) stopped a run that had saved nothing, and
+    "resume with ckpt_path=last" then failed: with no checkpoint the advice is to start again."""
+    from lightning_epo.runtime.preemption import Preemption
+
+    checkpoints = tmp_path / "checkpoints"
+    if checkpointed:
+        checkpoints.mkdir()
+        (checkpoints / "last.ckpt").write_bytes(b"")
+    stop = Preemption(checkpoints)
+    stop.signum = signal.SIGTERM
+    with pytest.raises(SystemExit) as exit_info:
+        stop.__exit__(SystemExit, SystemExit(), None)
+    assert exit_info.value.code == 143
+    (line,) = [r.getMessage() for r in caplog.records if "stopped by SIGTERM" in r.getMessage()]
+    assert ("resume with ckpt_path=last" in line) == checkpointed
+    assert ("start the run again" in line) == (not checkpointed)
