@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from lightning_epo.core.errors import UserError
 from lightning_epo.doctor.memory import GIB, KNOWN_SHAPES, Shape, estimate
 from lightning_epo.envs.alfworld_data import REPO_ROOT as REPO
-from lightning_epo.runtime.config import DEEPSPEED_FACTORY, VLLM_ENGINE
+from lightning_epo.runtime.config import DEEPSPEED_FACTORY, VLLM_ENGINE, cpu_computes_bf16
 
 OK, WARN, FAIL, UNUSED = "ok", "warn", "FAIL", "-"
 
@@ -74,8 +74,7 @@ def check_python() -> Line:
 def cpu_bf16() -> str:
     """This CPU's vector instructions as torch sees them, and whether they compute bf16 natively (AVX-512 BF16 or
     AMX; otherwise torch emulates bf16 and it is slower than float32)."""
-    native = any(getattr(torch.cpu, probe, lambda: False)() for probe in
-                 ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    native = cpu_computes_bf16()
     return f"{torch.backends.cpu.get_cpu_capability()}, bf16 {'native' if native else 'emulated (slower than fp32)'}"
 
 

@@ -411,6 +411,13 @@ def _check_wandb_login(logger: DictConfig | None) -> None:
         )
 
 
+def cpu_computes_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX-512 BF16 or AMX); otherwise torch emulates it, far slower than
+    float32 (0.3-0.7 against 113-119 GFLOP/s on an AVX2 CPU: benchmarks/RESULTS.md section 6)."""
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in
+               ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
 def check_machine(cfg: DictConfig) -> None:
     """Fail at start, with one line naming the fix, when this machine cannot run the chosen trainer, engine, model
     or logger (the model's hub id included: not cached and not reachable)."""
@@ -444,6 +451,9 @@ def check_machine(cfg: DictConfig) -> None:
             "trainer.accelerator=gpu but no CUDA GPU is visible: use trainer=cpu, or trainer=ddp "
             "trainer.accelerator=cpu trainer.devices=2 trainer.precision=32-true for data parallelism on CPU"
         )
+    if "bf16" in str(trainer.get("precision")) and trainer.get("accelerator") == "cpu" and not cpu_computes_bf16():
+        log.warning("trainer.precision=%s on a CPU without AVX-512 BF16 or AMX: bf16 matrix products are emulated, "
+                    "far slower than float32 here; trainer.precision=32-true is faster", trainer.precision)
 
 
 def check_prompt_room(cfg: DictConfig) -> None:
