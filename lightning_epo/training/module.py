@@ -118,7 +118,6 @@ class EPOModule(L.LightningModule):
         self.step_inputs = StepInputs()  # filled by the callbacks before each RL step (lightning_epo/training/step_io.py)
         self.step_report: StepReport | None = None  # published after each RL step, for the callbacks
         self.clock = StepClock(torch.device("cpu"))  # the running RL step's parts, timed by the module and callbacks
-        self.update_flops = 0.0  # the running RL step's update, in model FLOPs (:meth:`_update_flops`)
         self.eval_s = 0.0  # the running evaluation's collection time, summed over its splits
         self.val_metrics = torch.nn.ModuleDict(
             {
@@ -513,7 +512,6 @@ class EPOModule(L.LightningModule):
         norms_before = self._param_norms()
         with self.clock.part("update"):
             terms, optimizer_steps = self._ppo_update(batch, targets, settings)
-        self.update_flops = self._update_flops(batch)
         self._check_parameters(norms_before)
         self.lr_schedulers().step()
         self.step_report = self._log_step(batch, old, targets, terms, settings, optimizer_steps=optimizer_steps)
@@ -522,18 +520,20 @@ class EPOModule(L.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Log where RL step k's time went and say it in one line: Lightning calls this after every callback's
         hook, so the weight push and the checkpoint are in."""
-        self._log_perf(self.step_report.rollout.stats)
+        self._log_perf(self.step_report.rollout)
 
     def _update_flops(self, batch: RolloutBatch) -> float:
         """The update's model FLOPs (:func:`model_flops_per_token`): every epoch a forward and a backward of each
         model over the batch's real tokens, the actor's output layer over its response tokens. A backward costs two
         forwards where the weights train, one where they are frozen (LoRA's base: input gradients only)."""
         tokens, responses = float(batch.attention_mask.sum()), float(batch.response_mask.sum())
+        models = [(self.actor, self.actor, responses)]
+        if self.critic is not None:
+            models.append((self.critic, self.critic.backbone, 0.0))
         flops = 0.0
-        for model, logits in ((self.actor, responses), (self.critic, 0.0)):
-            if model is not None:
-                body, output = model_flops_per_token(model if model is self.actor else model.backbone)
-                flops += (2.0 if is_lora(model) else 3.0) * (body * tokens + output * logits)
+        for model, decoder, logits in models:
+            body, output = model_flops_per_token(decoder)
+            flops += (2.0 if is_lora(model) else 3.0) * (body * tokens + output * logits)
         return flops * self.algo.ppo_epochs
 
     # ----------------------------------------------------------------- logging
@@ -590,7 +590,7 @@ class EPOModule(L.LightningModule):
             turn_entropy=turn_means(total["turns"].view(2, -1)), rollout=batch,
         )
 
-    def _log_perf(self, rollout_stats: dict[str, float]) -> None:
+    def _log_perf(self, batch: RolloutBatch) -> None:
         """Log RL step k's ``perf/*`` timings (:mod:`lightning_epo.training.step_clock`; the rollout's parts are
         logged with the rollout's metrics) as means over ranks, the update's achieved FLOP/s and its share of the
         matmul peak, and on CUDA the step's peak memory on the fullest GPU; rank 0 says them in one line."""
@@ -600,7 +600,7 @@ class EPOModule(L.LightningModule):
         seconds = dict(zip(seconds, total.tolist()))
         for name, value in seconds.items():
             self._log(name, value)
-        flops_per_s = self.update_flops / max(seconds["perf/update_s"], 1e-9)
+        flops_per_s = self._update_flops(batch) / max(seconds["perf/update_s"], 1e-9)
         dtype = torch.bfloat16 if "bf16" in str(self.trainer.precision) else next(self.actor.parameters()).dtype
         peak = matmul_peak_flops(self.device.type, dtype)
         self._log("perf/update_flops_per_s", flops_per_s)
@@ -610,7 +610,7 @@ class EPOModule(L.LightningModule):
             self._log("perf/peak_memory_gib", self._reduce(memory, "max") / 2**30)
             torch.cuda.reset_peak_memory_stats(self.device)
         if self.global_rank == 0:
-            log.info(step_line(self.rl_step - 1, {**rollout_stats, **seconds}, flops_per_s, peak))
+            log.info(step_line(self.rl_step - 1, {**batch.stats, **seconds}, flops_per_s, peak))
 
     # ----------------------------------------------------------------- validation
     def on_validation_epoch_start(self) -> None:
