@@ -176,19 +176,20 @@ def test_evaluation_metrics_live_on_the_modules_device(compose_cfg):
 
 
 def test_evaluation_logs_the_invalid_action_share_and_the_answer_length_per_turn(compose_cfg, monkeypatch):
-    """``val/<split>/invalid_action_rate`` and ``val/<split>/response_tokens`` are means over the split's turns (an
-    episode of 3 turns weighs 3x one of 1): a zero-shot evaluation of a real model reports how often it writes no
-    valid action and how long its answers are."""
+    """``val/<split>/invalid_action_rate``, ``val/<split>/format_error_rate`` and ``val/<split>/response_tokens`` are
+    means over the split's turns (an episode of 3 turns weighs 3x one of 1): a zero-shot evaluation of a real model
+    reports how often it writes no valid action, how often no answer in the format, and how long its answers are."""
     module = hydra.utils.instantiate(compose_cfg("algo=ppo_epo").module)
     logged = {}
     monkeypatch.setattr(module, "log", lambda name, metric, **kwargs: logged.__setitem__(name, metric))
 
-    def turn(tokens: int, valid: bool) -> TurnSample:
+    def turn(tokens: int, valid: bool, format_ok: bool = True) -> TurnSample:
         return TurnSample(prompt_ids=[1], response_ids=[2] * tokens, traj_id=0, turn_idx=0, group_id=0,
-                          action_valid=valid)
-    episodes = [Episode(0, 0, "task", turns=[turn(4, False), turn(6, True), turn(8, False)]),
+                          action_valid=valid, format_ok=format_ok)
+    episodes = [Episode(0, 0, "task", turns=[turn(4, False, format_ok=False), turn(6, True), turn(8, False)]),
                 Episode(1, 1, "task", turns=[turn(2, True)])]
     module.validation_step(SimpleNamespace(split="iid", episodes=episodes, wall_s=0.0), 0)
     assert float(logged["val/iid/invalid_action_rate"].compute()) == pytest.approx(2 / 4)
+    assert float(logged["val/iid/format_error_rate"].compute()) == pytest.approx(1 / 4)
     assert float(logged["val/iid/response_tokens"].compute()) == pytest.approx((4 + 6 + 8 + 2) / 4)
     assert float(logged["val/iid/turns"].compute()) == pytest.approx(2.0)

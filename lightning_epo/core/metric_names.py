@@ -2,7 +2,8 @@
 them and the module that logs them all (lightning_epo/training/step_metrics.py)."""
 
 ROLLOUT_MEANS = (  # per rank over its episodes, averaged over ranks
-    "train/reward", "train/success", "train/turns", "train/invalid_action_rate", "train/mixed_groups",
+    "train/reward", "train/success", "train/turns", "train/invalid_action_rate", "train/format_error_rate",
+    "train/mixed_groups",
     "perf/rollout_s", "perf/gen_s", "perf/env_s", "perf/gen_tokens_per_s", "perf/env_steps_per_s",
 )
 # the rest of the RL step, timed by the module and the callbacks (lightning_epo/training/step_clock.py): perf/<part>_s
@@ -12,8 +13,8 @@ LOSS_TERMS = ("policy", "entropy", "smooth", "value", "kl", "total")  # loss/<te
 PANELS = ("early_turns", "late_turns", "early_tokens", "late_tokens")  # entropy/<panel> (paper Fig. 1, Fig. 7d)
 PROGRESS_BAR = {"train/success": "success", "loss/total": "loss"}  # logged with prog_bar=True: name -> the bar's label
 # per evaluation and split, val/<split>/<name>: means over episodes (success, reward, turns) and over turns (the share
-# of answers without a valid action, the answers' generated tokens)
-VAL_METRICS = ("success", "reward", "turns", "invalid_action_rate", "response_tokens")
+# of turns that paid the invalid-action penalty, of answers not in the format, the answers' generated tokens)
+VAL_METRICS = ("success", "reward", "turns", "invalid_action_rate", "format_error_rate", "response_tokens")
 # per evaluation: the episodes a split's val/<split>/success is a rate over, summed over ranks (logged by
 # lightning_epo/callbacks/success_report.py; the 95 % interval of lightning_epo/reports/summary.py needs it)
 EVAL_EPISODES = "val/{split}/episodes"

@@ -169,6 +169,7 @@ class EpisodeCollector:
 
     def _sample(self, run: _Running, prompt_ids: list[int], generation: Generation) -> TurnSample:
         text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        action, formatted = parse_action(text), format_valid(text, self.prompt.think)
         return TurnSample(
             prompt_ids=prompt_ids,
             response_ids=list(generation.token_ids),
@@ -177,11 +178,12 @@ class EpisodeCollector:
             group_id=run.episode.group_id,
             response_truncated=generation.finish_reason == "length",
             learned=generation.learned,
-            action_valid=format_valid(text, self.prompt.think),
+            action_valid=formatted,
+            format_ok=formatted and action is not None,
             response_logprobs=list(generation.logprobs),
             task=run.episode.task,
             response_text=text,
-            action=parse_action(text),
+            action=action,
             observation=run.observation,
         )
 

@@ -11,6 +11,8 @@ class TurnSample:
 
     ``reward`` is the turn's own reward (environment reward plus any invalid-action penalty);
     ``episode_return`` the sum of the turn rewards of its episode; ``won`` the episode's true success.
+    ``action_valid`` is False when the turn pays the invalid-action penalty (a format error, or an action the simulator
+    rejected); ``format_ok`` is the answer's format alone (an ``<action>`` pair, and ``format_valid``'s rules).
     ``response_truncated`` is True when the response hit the length limit. ``learned=False`` (a noisy
     expert's exploratory turn) keeps the turn in the episode but gives its row no response mask.
     The text fields are for logging samples only; training uses the token ids.
@@ -27,6 +29,7 @@ class TurnSample:
     response_truncated: bool = False
     learned: bool = True
     action_valid: bool = True
+    format_ok: bool = True
     episode_truncated: bool = False
     response_logprobs: list[float] | None = None
     task: str = ""
@@ -54,3 +57,7 @@ class Episode:
     @property
     def invalid_actions(self) -> int:
         return sum(not t.action_valid for t in self.turns)
+
+    @property
+    def format_errors(self) -> int:
+        return sum(not t.format_ok for t in self.turns)

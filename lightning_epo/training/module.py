@@ -638,6 +638,8 @@ class EPOModule(L.LightningModule):
                 tokens = sum(len(turn.response_ids) for turn in ep.turns)
                 self.val_metrics[f"{batch.split}_invalid_action_rate"].update(ep.invalid_actions / ep.num_turns,
                                                                                ep.num_turns)
+                self.val_metrics[f"{batch.split}_format_error_rate"].update(ep.format_errors / ep.num_turns,
+                                                                             ep.num_turns)
                 self.val_metrics[f"{batch.split}_response_tokens"].update(tokens / ep.num_turns, ep.num_turns)
         for name in VAL_METRICS:
             metric = self.val_metrics[f"{batch.split}_{name}"]

@@ -16,6 +16,7 @@ from lightning_epo.rollout.batch import collate_episodes
 from lightning_epo.rollout.collector import EpisodeCollector, Rollout
 from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams
 from lightning_epo.rollout.expert_engine import ExpertEngine
+from lightning_epo.rollout.progress_log import rollout_stats
 from lightning_epo.rollout.prompts import PromptBuilder
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=32)
@@ -140,6 +141,20 @@ def test_invalid_action_penalty_is_configurable(tokenizer):
     assert [t.reward for t in rollout.episodes[0].turns] == pytest.approx([-0.5, -0.5, WIN_REWARD])
 
 
+def test_format_errors_are_told_apart_from_actions_the_simulator_rejects(tokenizer):
+    """``format_ok`` is the answer's format alone (an <action> pair, and the other format rules), so a warm start's
+    ``format_error_rate`` is not mixed with moves into walls; ``action_valid`` stays both together (the penalty)."""
+    engine = ScriptedEngine(tokenizer, {"task a": ["<action>bad</action>", "no tag", "<action>good</action>"]})
+    rollout = _collect(tokenizer, ScriptedPool(1), engine, [Task("train", "a", 1)])
+    (episode,) = rollout.episodes
+    assert [t.action_valid for t in episode.turns] == [False, False, True]
+    assert [t.format_ok for t in episode.turns] == [True, False, True]
+    assert episode.invalid_actions == 2 and episode.format_errors == 1
+    stats = rollout_stats(rollout, wall_s=1.0)
+    assert stats["train/invalid_action_rate"] == pytest.approx(2 / 3)
+    assert stats["train/format_error_rate"] == pytest.approx(1 / 3)
+
+
 def test_format_errors_play_the_action_and_pay_the_penalty(tokenizer):
     """verl-agent's other format rules: with think on, an action without <think></think> (or any answer with
     Chinese characters) is still played, and its turn pays the invalid-action penalty."""
@@ -150,6 +165,7 @@ def test_format_errors_play_the_action_and_pay_the_penalty(tokenizer):
     (episode,) = rollout.episodes
     assert episode.won and rollout.stats["env_steps"] == 3  # every action was played
     assert [t.action_valid for t in episode.turns] == [False, False, True]
+    assert [t.format_ok for t in episode.turns] == [False, False, True]
     assert [t.reward for t in episode.turns] == pytest.approx([-0.1, -0.1, WIN_REWARD])
 
 
