@@ -193,3 +193,19 @@ def test_evaluation_logs_the_invalid_action_share_and_the_answer_length_per_turn
     assert float(logged["val/iid/format_error_rate"].compute()) == pytest.approx(1 / 4)
     assert float(logged["val/iid/response_tokens"].compute()) == pytest.approx((4 + 6 + 8 + 2) / 4)
     assert float(logged["val/iid/turns"].compute()) == pytest.approx(2.0)
+
+
+def test_evaluation_logs_the_episode_count_of_each_split_summed_over_its_batches(compose_cfg, tmp_path):
+    """``val/<split>/episodes`` reaches ``trainer.validate``'s results (what mode=eval writes into eval.json) and the
+    loggers: the count each success rate's 95 % interval is over (lightning_epo/reports/summary.py)."""
+    module = hydra.utils.instantiate(compose_cfg("algo=ppo_epo").module)
+
+    def batch(split: str, episodes: int) -> SimpleNamespace:
+        turn = TurnSample(prompt_ids=[1], response_ids=[2], traj_id=0, turn_idx=0, group_id=0)
+        return SimpleNamespace(split=split, episodes=[Episode(i, i, "task", turns=[turn]) for i in range(episodes)],
+                               wall_s=0.0)
+
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    batches = [batch("iid", 3), batch("iid", 2), batch("ood", 4)]
+    (results,) = trainer.validate(module, DataLoader(batches, batch_size=None, collate_fn=lambda b: b), verbose=False)
+    assert results["val/iid/episodes"] == 5.0 and results["val/ood/episodes"] == 4.0

@@ -1,15 +1,12 @@
 """Validation success on the console: one line per evaluation, and the run's learning in two numbers per split (success
 at the first and at the last evaluation of this process; with ``val_at_start=true``: before the first RL step and
-after the last), which the run prints last (lightning_epo/runtime/console.py). It also logs how many episodes each
-split's success is over, ``val/<split>/episodes``, which the success's 95 % interval needs (lightning_epo/reports)."""
+after the last), which the run prints last (lightning_epo/runtime/console.py)."""
 
 from __future__ import annotations
 
 import logging
 
 import lightning as L
-
-from lightning_epo.core.metric_names import EVAL_EPISODES
 
 log = logging.getLogger(__name__)
 
@@ -22,13 +19,6 @@ class SuccessReport(L.Callback):
 
     def __init__(self) -> None:
         self.history: dict[str, list[tuple[int, float]]] = {}
-
-    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
-                                batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Log ``val/<split>/episodes``: the episodes of this evaluation batch (one split's share on this rank), summed
-        over the split's batches and the ranks."""
-        pl_module.log(EVAL_EPISODES.format(split=batch.split), float(len(batch.episodes)), on_step=False,
-                      on_epoch=True, reduce_fx="sum", sync_dist=True, add_dataloader_idx=False, batch_size=1)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:

@@ -15,6 +15,6 @@ PROGRESS_BAR = {"train/success": "success", "loss/total": "loss"}  # logged with
 # per evaluation and split, val/<split>/<name>: means over episodes (success, reward, turns) and over turns (the share
 # of turns that paid the invalid-action penalty, of answers not in the format, the answers' generated tokens)
 VAL_METRICS = ("success", "reward", "turns", "invalid_action_rate", "format_error_rate", "response_tokens")
-# per evaluation: the episodes a split's val/<split>/success is a rate over, summed over ranks (logged by
-# lightning_epo/callbacks/success_report.py; the 95 % interval of lightning_epo/reports/summary.py needs it)
+# per evaluation, logged beside them: the episodes a split's val/<split>/success is a rate over, summed over ranks
+# (the 95 % interval of lightning_epo/reports/summary.py needs it)
 EVAL_EPISODES = "val/{split}/episodes"

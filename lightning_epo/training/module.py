@@ -121,9 +121,8 @@ class EPOModule(L.LightningModule):
         self.eval_s = 0.0  # the running evaluation's collection time, summed over its splits
         self.val_metrics = torch.nn.ModuleDict(
             {
-                f"{split}_{name}": torchmetrics.MeanMetric()
-                for split in eval_splits
-                for name in VAL_METRICS
+                **{f"{split}_{name}": torchmetrics.MeanMetric() for split in eval_splits for name in VAL_METRICS},
+                **{f"{split}_episodes": torchmetrics.SumMetric() for split in eval_splits},  # over batches and ranks
             }
         )
 
@@ -630,6 +629,7 @@ class EPOModule(L.LightningModule):
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """``batch`` is an evaluation batch of finished episodes of one split (collected at val temperature)."""
         self.eval_s += batch.wall_s
+        self.val_metrics[f"{batch.split}_episodes"].update(float(len(batch.episodes)))
         for ep in batch.episodes:
             self.val_metrics[f"{batch.split}_success"].update(float(ep.won))
             self.val_metrics[f"{batch.split}_reward"].update(ep.episode_return)
@@ -641,7 +641,7 @@ class EPOModule(L.LightningModule):
                 self.val_metrics[f"{batch.split}_format_error_rate"].update(ep.format_errors / ep.num_turns,
                                                                              ep.num_turns)
                 self.val_metrics[f"{batch.split}_response_tokens"].update(tokens / ep.num_turns, ep.num_turns)
-        for name in VAL_METRICS:
+        for name in (*VAL_METRICS, "episodes"):
             metric = self.val_metrics[f"{batch.split}_{name}"]
             self.log(f"val/{batch.split}/{name}", metric, on_step=False, on_epoch=True, add_dataloader_idx=False)
 

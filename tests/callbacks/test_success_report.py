@@ -3,9 +3,7 @@
 import logging
 from types import SimpleNamespace
 
-import lightning as L
 import torch
-from torch.utils.data import DataLoader
 
 from lightning_epo.callbacks import SuccessReport
 
@@ -41,21 +39,3 @@ def test_a_single_evaluation_reports_nothing():
     report = SuccessReport()
     evaluate(report, 20, {"val/iid/success": 0.5})
     assert report.lines() == []
-
-
-def test_logs_the_episode_count_of_each_split_summed_over_its_batches(tmp_path):
-    """``val/<split>/episodes`` reaches ``trainer.validate``'s results (what mode=eval writes into eval.json) and the
-    loggers: the count each success rate's 95 % interval is over (lightning_epo/reports/summary.py)."""
-
-    class Evaluated(L.LightningModule):
-        rl_step = 0
-        def validation_step(self, batch, batch_idx, dataloader_idx=0):
-            pass
-
-    batches = [SimpleNamespace(split="iid", episodes=[None] * 3), SimpleNamespace(split="iid", episodes=[None] * 2),
-               SimpleNamespace(split="ood", episodes=[None] * 4)]
-    trainer = L.Trainer(callbacks=[SuccessReport()], logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=tmp_path)
-    (results,) = trainer.validate(Evaluated(), DataLoader(batches, batch_size=None, collate_fn=lambda b: b),
-                                  verbose=False)
-    assert results == {"val/iid/episodes": 5.0, "val/ood/episodes": 4.0}
