@@ -62,7 +62,7 @@ test: setup setup-vllm
 doctor: setup
 	$(PY) -m lightning_epo.doctor $(ARGS)
 
-# on a CUDA machine: two RL steps of each GPU path (bf16, LoRA, fused output, SmolLM2, vLLM, ZeRO-2/3, DDP), a table
+# on a CUDA machine: two RL steps of each GPU path (bf16, LoRA, SmolLM2, vLLM, ZeRO-2/3, DDP), a table
 gpu-check: setup
 	$(PY) -m lightning_epo.doctor.gpu_check $(ARGS)
 

@@ -99,3 +99,12 @@ def test_the_model_sets_the_rollouts_answer_length_and_prompt(compose_cfg, model
     assert (cfg.rollout.max_new_tokens, cfg.rollout.think) == (tokens, think)
     assert cfg.data.train_sampling.max_new_tokens == tokens
     assert compose_cfg(f"model={model}", f"rollout={rollout}", "rollout.max_new_tokens=12").rollout.max_new_tokens == 12
+
+
+@pytest.mark.parametrize("dropped", ["entropy_window", "beta_schedule"])
+def test_an_epo_run_without_its_entropy_window_or_beta_schedule_is_refused_at_start(compose_cfg, dropped):
+    """Eq. 6's smoothing reads H̄ and β_k from two callbacks: without either the run used to die at its first RL
+    step (a RuntimeError after loading the model and collecting a rollout); now validate says so at start."""
+    with pytest.raises(ConfigError, match=f"algo.epo.smoothing=true needs the callback {dropped}"):
+        validate(compose_cfg("algo=ppo_epo", f"~callbacks.{dropped}"))
+    validate(compose_cfg("algo=ppo", f"~callbacks.{dropped}"))  # no smoothing: neither callback is read

@@ -269,6 +269,8 @@ def validate(cfg: DictConfig) -> None:
     _devices(cfg.trainer.get("devices", "auto"))
     if algo.epo.smoothing and not algo.epo.enabled:
         raise ConfigError("algo.epo.smoothing=true has no effect while algo.epo.enabled=false: enable EPO or drop smoothing")
+    if algo.epo.smoothing:
+        _smoothing_callbacks(cfg.get("callbacks") or {})
     if algo.mini_batches > 1 and cfg.data.episodes_per_step < algo.mini_batches:
         raise ConfigError("algo.mini_batches is larger than data.episodes_per_step: lower algo.mini_batches")
     if cfg.warm_start:
@@ -305,6 +307,17 @@ def _epo_settings(epo: DictConfig) -> None:
         raise ConfigError(f"algo.epo.window must be 'cumulative' or {integer().describe()}, got {epo.window!r}")
     if epo.kappa_l >= epo.kappa_r:
         raise ConfigError(f"algo.epo.kappa_l={epo.kappa_l} must be below algo.epo.kappa_r={epo.kappa_r} (Eq. 5's range)")
+
+
+SMOOTHING_CALLBACKS = {"entropy_window": "H̄, Eq. 5's reference", "beta_schedule": "β_k, Eq. 7"}
+
+
+def _smoothing_callbacks(callbacks: DictConfig) -> None:
+    """Eq. 6's smoothing reads H̄ and β_k, which two callbacks set before every RL step (conf/callbacks/default.yaml)."""
+    for name, sets in SMOOTHING_CALLBACKS.items():
+        if callbacks.get(name) is None:
+            raise ConfigError(f"algo.epo.smoothing=true needs the callback {name} (it sets {sets}): keep "
+                              f"callbacks.{name}, or choose an algorithm without smoothing (e.g. algo=ppo_epo_base)")
 
 
 def _warm_start(warm_start: DictConfig) -> None:
