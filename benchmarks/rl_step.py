@@ -9,7 +9,7 @@ step timed whole. Process start and model loading are not part of a step and are
   model.shared_prefix=false model.fold_turns=false``), float32: the defaults until 2026-11-25;
 - ``defaults``: the configuration as shipped (for the two recipes' models: micro-batches cut by a 4096-token budget,
   the rows' common prompt prefix computed once, earlier turns read from later ones): the same values and gradients
-  to float32 rounding (tests/test_shared_prefix_update.py, tests/test_micro_batch_tokens.py);
+  to float32 rounding (tests/training/test_shared_prefix_update.py, tests/training/test_micro_batch_tokens.py);
 - ``tokens``, ``sharing`` (``--arms``): the token budget alone, the prefix and the folded turns alone (16-row
   micro-batches), to see what each part of the defaults gives.
 

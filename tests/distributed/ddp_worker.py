@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 from lightning_epo.callbacks import BetaSchedule, EntropyWindow
 from lightning_epo.models.weights import hf_weights
 from lightning_epo.rollout.batch import RolloutBatch, collate_episodes
-from tests.test_module import synthetic_batch, with_history, with_prompt_prefix
+from tests.training.test_module import synthetic_batch, with_history, with_prompt_prefix
 
 REPO = Path(__file__).resolve().parents[2]
 TRAJECTORIES = 8  # synthetic trajectories per RL step, all ranks together (groups of 2)

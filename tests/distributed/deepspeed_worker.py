@@ -31,7 +31,7 @@ import lightning_epo.training.module as module_lib
 from lightning_epo.models.weights import hf_weights
 from lightning_epo.training.strategies import deepspeed_strategy
 from tests.distributed.ddp_worker import SGD, compose_cfg, train_fixed
-from tests.test_nonfinite_guard import PoisonFrom, nan_loss_objective
+from tests.training.test_nonfinite_guard import PoisonFrom, nan_loss_objective
 
 STRATEGIES = ("ddp", "zero2", "zero3")
 RESUME = [

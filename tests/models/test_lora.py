@@ -18,7 +18,7 @@ from lightning_epo.models.weights import gathered_copy, hf_weights
 from lightning_epo.rollout.engine import SamplingParams
 from lightning_epo.rollout.hf_engine import HFEngine
 from lightning_epo.runtime.config import validate
-from tests.test_module import fit_one_step, params, synthetic_batch
+from tests.training.test_module import fit_one_step, params, synthetic_batch
 
 LORA = ("model.lora.r=4", "optim.optimizer.weight_decay=0.0", "optim.actor_lr=1e-2", "optim.warmup_ratio=0")
 

@@ -14,7 +14,7 @@ from lightning_epo.callbacks import BetaSchedule, EntropyWindow, RLStepCheckpoin
 from lightning_epo.core.errors import ConfigError, UserError
 from lightning_epo.runtime.config import validate
 from lightning_epo.training.module import TrainingDiverged
-from tests.test_module import synthetic_batch
+from tests.training.test_module import synthetic_batch
 
 
 class PoisonFrom(L.Callback):

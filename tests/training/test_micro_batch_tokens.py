@@ -10,7 +10,7 @@ import torch
 from lightning_epo.core.errors import ConfigError
 from lightning_epo.rollout.batch import RolloutBatch
 from lightning_epo.runtime.config import validate
-from tests.test_module import fit_one_step, params, synthetic_batch
+from tests.training.test_module import fit_one_step, params, synthetic_batch
 
 SGD = ["optim.optimizer._target_=torch.optim.SGD", "~optim.optimizer.betas", "~optim.optimizer.weight_decay",
        "optim.actor_lr=0.05", "optim.critic_lr=0.05", "optim.grad_clip=1e9", "optim.warmup_ratio=0"]

@@ -12,8 +12,8 @@ import torch
 
 from lightning_epo.rollout.batch import collate_episodes
 from tests.distributed.ddp_worker import SHARED_PREFIX as SHARED
-from tests.test_micro_batch_tokens import SGD, cut_by_rows
-from tests.test_module import fit_one_step, params, synthetic_batch, with_history, with_prompt_prefix
+from tests.training.test_micro_batch_tokens import SGD, cut_by_rows
+from tests.training.test_module import fit_one_step, params, synthetic_batch, with_history, with_prompt_prefix
 
 PLAIN = ["model.shared_prefix=false", "model.fold_turns=false"]
 SHARINGS = {"prefix": ["model.shared_prefix=true", "model.fold_turns=false"],

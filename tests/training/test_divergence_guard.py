@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 import lightning_epo.training.module as module_lib
 from lightning_epo.callbacks import BetaSchedule, EntropyWindow, RLStepCheckpoint
 from lightning_epo.training.module import TrainingDiverged
-from tests.test_module import synthetic_batch
+from tests.training.test_module import synthetic_batch
 
 
 class CorruptFrom(L.Callback):
