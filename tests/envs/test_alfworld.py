@@ -94,7 +94,7 @@ def test_unpack_rejects_a_wrong_archive(tmp_path):
     with pytest.raises(ValueError, match="no json_2.1.1/"):
         unpack_alfworld(archive, tmp_path / "alfworld")
     assert list((tmp_path / "alfworld").iterdir()) == []
-    with pytest.raises(FileNotFoundError, match="alfworld_data"):
+    with pytest.raises(FileNotFoundError, match="scripts/unpack_alfworld.py"):
         unpack_alfworld(tmp_path / "missing.tar.xz", tmp_path / "elsewhere")
 
 
@@ -108,7 +108,7 @@ def test_data_dir_resolution_order(tmp_path, monkeypatch):
 
 def test_missing_or_empty_data_fails_with_the_fix(tmp_path, monkeypatch, compose_cfg):
     monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))
-    with pytest.raises(ValueError, match=r"python -m lightning_epo\.envs\.alfworld_data.*ALFWORLD_DATA") as missing:
+    with pytest.raises(ValueError, match=r"python scripts/unpack_alfworld\.py.*ALFWORLD_DATA") as missing:
         AlfWorldSuite()
     named_key = re.search(r"set (env\.[\w.]+)", str(missing.value)).group(1)  # the hint's key exists in the config
     assert OmegaConf.select(compose_cfg("env=alfworld"), named_key, default="absent") != "absent", named_key
@@ -210,7 +210,7 @@ def test_step_needs_a_running_episode(suite):
 
 
 def test_missing_game_file_names_the_fix(env, suite):
-    with pytest.raises(ValueError, match="not found.*alfworld_data"):
+    with pytest.raises(ValueError, match="not found.*scripts/unpack_alfworld.py"):
         env.reset(Task("iid", "pick_and_place_simple", "json_2.1.1/valid_seen/nope/trial/game.tw-pddl"))
 
 
