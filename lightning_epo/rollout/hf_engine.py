@@ -85,23 +85,38 @@ class HFEngine(GenerationEngine):
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def _prefix_cache(self, prefix: list[int], rows: int) -> Any:
+        """The KV cache of ``prefix``, computed once and repeated for ``rows`` rows: the chunk's prompts share their
+        leading tokens (chat template, system prompt, instruction), which the prefill then reads once, not per row
+        (vLLM's prefix caching, inside one call)."""
+        ids = torch.tensor([prefix], device=self._device())
+        cache = self.model(input_ids=ids, use_cache=True, logits_to_keep=1).past_key_values
+        cache.batch_repeat_interleave(rows)
+        return cache
+
     def _generate_chunk(
         self, prompts: list[list[int]], sampling: SamplingParams, stop: torch.Tensor
     ) -> list[Generation]:
+        """Sample one response per prompt of the chunk: the shared prefix's cache (:meth:`_prefix_cache`), then each
+        row's own tokens left-padded after it, then one token per step for every row until each has stopped."""
         device = stop.device
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else int(stop[0])
-        width = max(len(p) for p in prompts)
+        shared = common_prefix_length(prompts)
+        cache = self._prefix_cache(prompts[0][:shared], len(prompts)) if shared else None
+        width = max(len(p) for p in prompts) - shared
         input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
-        attention_mask = torch.zeros_like(input_ids)
+        own_mask = torch.zeros_like(input_ids)
         for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, device=device)
-            attention_mask[row, width - len(prompt) :] = 1
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+            input_ids[row, width - len(prompt) + shared :] = torch.tensor(prompt[shared:], device=device)
+            own_mask[row, width - len(prompt) + shared :] = 1
+        position_ids = shared + (own_mask.cumsum(-1) - 1).clamp(min=0)
+        attention_mask = torch.cat([own_mask.new_ones(len(prompts), shared), own_mask], dim=1)
 
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
+            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
         )
@@ -125,6 +140,12 @@ class HFEngine(GenerationEngine):
             )
             next_position = next_position + 1
         return _cut_at_stop(torch.stack(tokens, 1).tolist(), torch.stack(logprobs, 1).tolist(), set(stop.tolist()))
+
+
+def common_prefix_length(prompts: list[list[int]]) -> int:
+    """The number of leading tokens every prompt shares, leaving each prompt at least one token of its own."""
+    shortest = min(len(p) for p in prompts)
+    return next((i for i in range(shortest - 1) if len({p[i] for p in prompts}) > 1), shortest - 1)
 
 
 def _check_sampling(sampling: SamplingParams) -> None:

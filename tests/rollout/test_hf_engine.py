@@ -177,3 +177,35 @@ def test_top_p_keeps_the_smallest_set_reaching_the_mass():
     assert kept(0.75) == [False, True, False, True]
     assert kept(0.85) == [True, True, False, True]
     assert kept(1e-9) == [False, True, False, False]
+
+
+@pytest.fixture
+def shared_prefix_prompts(tokenizer) -> list[list[int]]:
+    """Prompts as the collector builds them: the same chat template and instruction, then each its own state."""
+    head = "<|im_start|>system\nYou are an expert agent in a grid.<|im_end|>\n<|im_start|>user\nYour task is to: "
+    tails = ["pick up the key", "open the door 1 step north", "go"]
+    return [tokenizer.encode(head + tail, add_special_tokens=False) for tail in tails]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_prefix_every_prompt_shares_is_computed_once_with_the_same_logprobs(tokenizer, model, shared_prefix_prompts,
+                                                                              temperature):
+    """The chunk's common prompt prefix (chat template, system prompt, instruction) is run once and its KV cache
+    shared by every row: the prefill reads each shared token once, and each response's log-probs still score
+    its ids under a plain forward of its whole prompt."""
+    prompts = shared_prefix_prompts
+    shared = next(i for i, column in enumerate(zip(*prompts)) if len(set(column)) > 1)
+    assert shared > 10
+    read: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: read.append(kwargs["input_ids"].numel()),
+                                           with_kwargs=True)
+    try:
+        torch.manual_seed(0)
+        generations = HFEngine(tokenizer, model).generate(prompts, SamplingParams(temperature, 1.0, 8))
+    finally:
+        hook.remove()
+    prefill = read[0] + read[1]  # the shared prefix once, then every row's own part (left-padded)
+    assert prefill == shared + len(prompts) * (max(len(p) for p in prompts) - shared)
+    for prompt, generation in zip(prompts, generations):
+        expected = _scored_logprobs(model, prompt, generation.token_ids, temperature)
+        torch.testing.assert_close(torch.tensor(generation.logprobs), expected, atol=1e-4, rtol=0)
