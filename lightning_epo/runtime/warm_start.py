@@ -3,7 +3,7 @@
     warm_start:
       experiment: gridworld_sft          # the stage is this experiment ...
       overrides: [total_steps=200]       # ... with these overrides ...
-      inherit: [seed, env, model, torch_threads]   # ... and the command line's overrides of these keys
+      inherit: [seed, env, model, torch_threads, logger]   # ... and the command line's overrides of these keys
 
 ``python train.py experiment=gridworld_learn env.suite.size=7 seed=3`` runs the stage as
 ``python train.py experiment=gridworld_sft env.suite.size=7 seed=3 total_steps=200`` in ``RUN_DIR/warm_start``

@@ -96,3 +96,11 @@ def test_evaluating_a_warm_started_experiment_needs_its_checkpoint(compose_cfg):
 def test_unknown_warm_start_experiment_is_one_line(compose_cfg):
     with pytest.raises(ConfigError, match="warm_start.experiment='nope' is not valid; choose one of: .*gridworld_sft"):
         run(compose_cfg(*FAST, "experiment=gridworld_learn", "warm_start.experiment=nope"), overrides=[])
+
+
+@pytest.mark.parametrize("experiment", ["gridworld_learn", "smollm2_gridworld", "smollm2_alfworld"])
+def test_the_stage_logs_where_the_run_logs(compose_cfg, experiment, tmp_path):
+    """``logger=csv`` on the command line reaches the warm start too: its stage used to log to wandb (offline without
+    a key) while the run the user started wrote csv."""
+    cfg = compose_cfg(f"experiment={experiment}")
+    assert "logger=csv" in stage_overrides(cfg.warm_start, [f"experiment={experiment}", "logger=csv"], tmp_path)
