@@ -261,15 +261,9 @@ class EPOModule(L.LightningModule):
             return self._token_outputs(mb, sharing)[0]
 
     # ----------------------------------------------------------------- old-policy pass
-    def _on_policy(self) -> bool:
-        """One optimizer step per RL step (one epoch of one mini-batch) and no entropy read before the update: the
-        update's forward then runs on the rollout's policy and gives the old log-probs and entropies itself."""
-        return self.algo.ppo_epochs == 1 and self.algo.mini_batches == 1 and not self.algo.get("advantage_shaping")
-
     @torch.no_grad()
     def _old_policy_pass(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
-        """Old log-probs, token entropies, values and reference log-probs, all ``[N, L]``. On-policy
-        (:meth:`_on_policy`) the actor's two are left to the update (:meth:`_accumulate` fills them)."""
+        """Old log-probs, token entropies, values and reference log-probs, all ``[N, L]``."""
         shape = batch.input_ids.shape
         out = {"old_logprobs": torch.zeros(shape, device=self.device), "entropy": torch.zeros(shape, device=self.device)}
         if self.critic is not None:
@@ -280,10 +274,8 @@ class EPOModule(L.LightningModule):
         for rows in micro_batches:
             mb = batch.select(self._rows_or_first(rows))
             length, sharing = mb.input_ids.shape[1], self._sharing(mb)
-            outputs = {}
-            if not self._on_policy():
-                with self.clock.part("old_logprob"):
-                    outputs = dict(zip(("old_logprobs", "entropy"), self._token_outputs(mb, sharing)))
+            with self.clock.part("old_logprob"):
+                outputs = dict(zip(("old_logprobs", "entropy"), self._token_outputs(mb, sharing)))
             if self.critic is not None:
                 with self.clock.part("values"):
                     outputs["old_values"] = self.critic(mb.input_ids, mb.attention_mask, sharing)
@@ -337,9 +329,7 @@ class EPOModule(L.LightningModule):
         )
 
     # ----------------------------------------------------------------- the update
-    def _ppo_update(
-        self, batch: RolloutBatch, targets: StepTargets, settings: ObjectiveSettings, old_entropy: torch.Tensor,
-    ) -> tuple[dict[str, float], int]:
+    def _ppo_update(self, batch: RolloutBatch, targets: StepTargets, settings: ObjectiveSettings) -> tuple[dict[str, float], int]:
         """``ppo_epochs`` passes over ``mini_batches`` optimizer steps, each accumulating micro-batches.
 
         A mini-batch's loss is scaled by ``mini_batches * world_size``: its tokens' fixed weights sum to
@@ -365,7 +355,7 @@ class EPOModule(L.LightningModule):
                 kl_before = sums.get("approx_kl", 0.0)
                 for i, rows in enumerate(micro_batches):
                     with accumulation_boundary(self.trainer.strategy, last=i == len(micro_batches) - 1):
-                        self._accumulate(batch, targets, settings, rows, scale, sums, old_entropy)
+                        self._accumulate(batch, targets, settings, rows, scale, sums)
                 ran += 1
                 if self._kl_exceeded(sums["approx_kl"] - kl_before, targets.mean_weights[mini].sum()):
                     opt.zero_grad()
@@ -389,7 +379,7 @@ class EPOModule(L.LightningModule):
 
     def _accumulate(
         self, batch: RolloutBatch, targets: StepTargets, settings: ObjectiveSettings, rows: torch.Tensor,
-        scale: float, sums: dict[str, float], old_entropy: torch.Tensor,
+        scale: float, sums: dict[str, float],
     ) -> None:
         """Backward of the micro-batch ``rows``, adding its terms to ``sums``. An empty micro-batch runs a
         zero-weight pass on row 0 (:meth:`_rows_or_first`). A loss that is not finite makes every gradient of
@@ -399,11 +389,8 @@ class EPOModule(L.LightningModule):
         rows = self._rows_or_first(rows)
         mb = batch.select(rows)
         length, sharing = mb.input_ids.shape[1], self._sharing(mb)
-        logprob, entropy = self._token_outputs(mb, sharing)
-        if self._on_policy():  # no optimizer step yet this RL step: these are the old policy's
-            targets.old_logprobs[rows, :length] = logprob.detach()
-            old_entropy[rows, :length] = entropy.detach()
         mb_targets = targets.select(rows, length)
+        logprob, entropy = self._token_outputs(mb, sharing)
         values = self.critic(mb.input_ids, mb.attention_mask, sharing) if self.critic is not None else None
         loss, terms = epo_objective(logprob, entropy, values, mb_targets, settings)
         poison = torch.where(torch.isfinite(loss.detach()), 1.0, float("nan"))  # 1, or NaN for a non-finite loss
@@ -523,7 +510,7 @@ class EPOModule(L.LightningModule):
         targets = self._step_targets(batch, old)
         norms_before = self._param_norms()
         with self.clock.part("update"):
-            terms, optimizer_steps = self._ppo_update(batch, targets, settings, old["entropy"])
+            terms, optimizer_steps = self._ppo_update(batch, targets, settings)
         self._check_parameters(norms_before)
         self.lr_schedulers().step()
         self.step_report = self._log_step(batch, old, targets, terms, settings, optimizer_steps=optimizer_steps)

@@ -209,26 +209,3 @@ def test_evaluation_logs_the_episode_count_of_each_split_summed_over_its_batches
     batches = [batch("iid", 3), batch("iid", 2), batch("ood", 4)]
     (results,) = trainer.validate(module, DataLoader(batches, batch_size=None, collate_fn=lambda b: b), verbose=False)
     assert results["val/iid/episodes"] == 5.0 and results["val/ood/episodes"] == 4.0
-
-
-@pytest.mark.parametrize("algo", ["ppo_epo", "grpo_epo", "sft"])
-def test_an_on_policy_update_takes_the_old_policy_from_its_own_forward(compose_cfg, algo, monkeypatch):
-    """One epoch of one mini-batch (the default): the update's forward runs on the rollout's policy, so it gives the
-    old log-probs and entropies itself and the old-policy pass skips the actor (one forward less per RL step),
-    with the same update, losses and entropy metrics as with the pass."""
-    from lightning_epo.training.module import EPOModule
-
-    base = [f"algo={algo}", "algo.ppo_epochs=1", "algo.mini_batches=1", "optim.optimizer._target_=torch.optim.SGD",
-            "~optim.optimizer.betas", "~optim.optimizer.weight_decay", "optim.actor_lr=0.05", "optim.critic_lr=0.05",
-            "optim.grad_clip=1e9", "optim.warmup_ratio=0", "total_steps=2"]
-    batches = [synthetic_batch(500, seed=1), synthetic_batch(500, seed=2)]  # step 2 has an entropy window (EPO)
-    skipped, skipped_trainer = fit_one_step(compose_cfg(*base), batches)
-    monkeypatch.setattr(EPOModule, "_on_policy", lambda self: False)
-    passed, passed_trainer = fit_one_step(compose_cfg(*base), batches)
-    assert "old_logprob" not in skipped.clock.seconds and "old_logprob" in passed.clock.seconds
-    for name, value in params(passed).items():
-        torch.testing.assert_close(params(skipped)[name], value, atol=1e-6, rtol=1e-5, msg=name)
-    metrics = {k: float(v) for k, v in passed_trainer.callback_metrics.items() if k.split("/")[0] in ("loss", "entropy")}
-    assert any(k.startswith("entropy/") for k in metrics)
-    for name, value in metrics.items():
-        assert float(skipped_trainer.callback_metrics[name]) == pytest.approx(value, abs=1e-5), name
