@@ -54,7 +54,9 @@ from lightning_epo.algos.aggregation import turn_and_trajectory_counts
 from lightning_epo.algos.losses import explained_variance_from_moments, explained_variance_moments
 from lightning_epo.algos.objective import ObjectiveSettings, StepTargets, epo_objective
 from lightning_epo.core.errors import TrainingDiverged
-from lightning_epo.core.metric_names import LOSS_TERMS, PANELS, PROGRESS_BAR, ROLLOUT_COUNTS, STEP_PARTS, VAL_METRICS
+from lightning_epo.core.metric_names import (
+    EVAL_EPISODES, LOSS_TERMS, PANELS, PROGRESS_BAR, ROLLOUT_COUNTS, STEP_PARTS, VAL_METRICS,
+)
 from lightning_epo.core.secrets import scrub_secrets
 from lightning_epo.core.seeding import seed_rl_step
 from lightning_epo.models.loading import load_actor, load_critic, load_reference, uses_reference
@@ -641,9 +643,11 @@ class EPOModule(L.LightningModule):
                 self.val_metrics[f"{batch.split}_format_error_rate"].update(ep.format_errors / ep.num_turns,
                                                                              ep.num_turns)
                 self.val_metrics[f"{batch.split}_response_tokens"].update(tokens / ep.num_turns, ep.num_turns)
-        for name in (*VAL_METRICS, "episodes"):
+        for name in VAL_METRICS:
             metric = self.val_metrics[f"{batch.split}_{name}"]
             self.log(f"val/{batch.split}/{name}", metric, on_step=False, on_epoch=True, add_dataloader_idx=False)
+        self.log(EVAL_EPISODES.format(split=batch.split), self.val_metrics[f"{batch.split}_episodes"], on_step=False,
+                 on_epoch=True, add_dataloader_idx=False)
 
     # ----------------------------------------------------------------- checkpoint state
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
