@@ -94,11 +94,9 @@ class HFEngine(GenerationEngine):
         cache.batch_repeat_interleave(rows)
         return cache
 
-    def _generate_chunk(
-        self, prompts: list[list[int]], sampling: SamplingParams, stop: torch.Tensor
-    ) -> list[Generation]:
-        """Sample one response per prompt of the chunk: the shared prefix's cache (:meth:`_prefix_cache`), then each
-        row's own tokens left-padded after it, then one token per step for every row until each has stopped."""
+    def _prefill(self, prompts: list[list[int]], stop: torch.Tensor) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """The forward of ``prompts``: their shared prefix's cache, then each row's own tokens left-padded after it.
+        Returns the model's output (last position's logits, KV cache), the attention mask and the position ids."""
         device = stop.device
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else int(stop[0])
         shared = common_prefix_length(prompts)
@@ -111,7 +109,6 @@ class HFEngine(GenerationEngine):
             own_mask[row, width - len(prompt) + shared :] = 1
         position_ids = shared + (own_mask.cumsum(-1) - 1).clamp(min=0)
         attention_mask = torch.cat([own_mask.new_ones(len(prompts), shared), own_mask], dim=1)
-
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -120,11 +117,25 @@ class HFEngine(GenerationEngine):
             use_cache=True,
             logits_to_keep=1,
         )
+        return out, attention_mask, position_ids
+
+    def _generate_chunk(
+        self, prompts: list[list[int]], sampling: SamplingParams, stop: torch.Tensor
+    ) -> list[Generation]:
+        """Sample one response per prompt of the chunk: the prefill runs once per distinct prompt (the rollouts of one
+        GRPO group begin alike) after the shared prefix's cache (:meth:`_prefix_cache`), then its logits and KV cache
+        are repeated for the rows that share it, and every row samples its own tokens, one per step until it stops."""
+        device = stop.device
+        distinct, row_of = distinct_prompts(prompts)
+        out, attention_mask, position_ids = self._prefill(distinct, stop)
+        rows = torch.tensor(row_of, device=device)
+        out.past_key_values.reorder_cache(rows)
+        logits, attention_mask, position_ids = out.logits[rows], attention_mask[rows], position_ids[rows]
         next_position = position_ids[:, -1:] + 1
         finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
         tokens, logprobs = [], []
         for step in range(sampling.max_new_tokens):
-            token, logprob = _pick(out.logits[:, -1].float(), sampling)
+            token, logprob = _pick(logits[:, -1].float(), sampling)
             tokens.append(token)
             logprobs.append(logprob)
             finished |= torch.isin(token, stop)
@@ -138,8 +149,16 @@ class HFEngine(GenerationEngine):
                 past_key_values=out.past_key_values,
                 use_cache=True,
             )
+            logits = out.logits
             next_position = next_position + 1
         return _cut_at_stop(torch.stack(tokens, 1).tolist(), torch.stack(logprobs, 1).tolist(), set(stop.tolist()))
+
+
+def distinct_prompts(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """The distinct prompts in order of first appearance, and for each prompt the index of its distinct one."""
+    index: dict[tuple[int, ...], int] = {}
+    row_of = [index.setdefault(tuple(p), len(index)) for p in prompts]
+    return [list(p) for p in index], row_of
 
 
 def common_prefix_length(prompts: list[list[int]]) -> int:

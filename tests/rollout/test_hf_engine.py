@@ -209,3 +209,25 @@ def test_a_prefix_every_prompt_shares_is_computed_once_with_the_same_logprobs(to
     for prompt, generation in zip(prompts, generations):
         expected = _scored_logprobs(model, prompt, generation.token_ids, temperature)
         torch.testing.assert_close(torch.tensor(generation.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_identical_prompts_are_prefilled_once_and_sampled_apart(tokenizer, model, shared_prefix_prompts):
+    """The rollouts of one GRPO group begin with the same prompt: the prefill runs once per distinct prompt, its
+    cache serves every row that has it, each row still samples its own response, and every response's log-probs
+    score its ids under a plain forward of its prompt."""
+    first, second, _ = shared_prefix_prompts
+    prompts = [first, second, first, first, second]
+    shared = next(i for i, column in enumerate(zip(first, second)) if column[0] != column[1])
+    read: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: read.append(kwargs["input_ids"].numel()),
+                                           with_kwargs=True)
+    try:
+        torch.manual_seed(0)
+        generations = HFEngine(tokenizer, model).generate(prompts, SamplingParams(1.0, 1.0, 12))
+    finally:
+        hook.remove()
+    assert read[0] + read[1] == shared + 2 * (max(len(first), len(second)) - shared)  # two distinct prompts
+    assert len({tuple(generations[i].token_ids) for i in (0, 2, 3)}) > 1  # the copies sample apart
+    for prompt, generation in zip(prompts, generations):
+        expected = _scored_logprobs(model, prompt, generation.token_ids, 1.0)
+        torch.testing.assert_close(torch.tensor(generation.logprobs), expected, atol=1e-4, rtol=0)
