@@ -61,3 +61,17 @@ def test_no_modules_import_each_other_in_a_circle():
         TopologicalSorter(graph).prepare()
     except CycleError as circle:
         raise AssertionError(f"import circle: {' -> '.join(circle.args[1])}") from None
+
+
+def test_no_layer_below_training_reaches_up_to_the_lightning_module():
+    """``trainer.lightning_module`` is an upward edge no import shows: a DataModule that reads the actor through it
+    opens a second route for the weights beside callbacks.WeightSync (the one route)."""
+    below = LAYERS[: LAYERS.index("training")]
+    reaching = [
+        f"{path.relative_to(PACKAGE)}:{number}"
+        for path in PACKAGE.rglob("*.py")
+        if path.parent != PACKAGE and path.relative_to(PACKAGE).parts[0] in below
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "lightning_module" in line
+    ]
+    assert not reaching, reaching

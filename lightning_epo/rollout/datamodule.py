@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import lightning as L
+import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_epo.envs.base import EnvPool, Task, TaskSuite
@@ -154,6 +155,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.pool: EnvPool | None = None
         self.collector: EpisodeCollector | None = None
         self.val_collector: EpisodeCollector | None = None
+        self.policy: Callable[[], torch.nn.Module] | None = None  # the actor, handed over by callbacks.WeightSync
         self._weights_bound = False
         self.fit_follows = False  # the next trainer.validate is followed by fit: keep engines and environments open
 
@@ -177,17 +179,22 @@ class RolloutDataModule(L.LightningDataModule):
     def _engines(self) -> list[GenerationEngine]:
         return [e for e in dict.fromkeys((self.engine, self.val_engine)) if e is not None]
 
-    def sync_weights(self, actor) -> None:
+    def sync_weights(self, actor: torch.nn.Module) -> None:
         """Make every engine (training and, if separate, evaluation) sample from ``actor``'s weights."""
         for engine in self._engines():
             engine.sync_weights(actor)
         self._weights_bound = True
 
     def _bind_weights_once(self) -> None:
-        """Before the first collection: bind the engines to the module's actor. Lightning fetches the first batch
-        before any callback hook of a run can (``trainer.validate``); WeightSync pushes after every update."""
-        if not self._weights_bound and self.trainer is not None:
-            self.sync_weights(self.trainer.lightning_module.actor)
+        """Before the first collection, bind the engines to :attr:`policy` (WeightSync's one route: it hands the actor
+        over at setup, as Lightning fetches an evaluation's first batch before any hook of the loop runs). Without a
+        trainer (a test, a script) the caller binds the engines."""
+        if self._weights_bound or self.trainer is None:
+            return
+        if self.policy is None:
+            raise RuntimeError("the generation engines have no policy to sample from: the WeightSync callback hands "
+                               "them the actor; keep callbacks.weight_sync")
+        self.sync_weights(self.policy())
 
     def teardown(self, stage: str) -> None:
         """Close the environments and the engines, but not after an evaluation that ``fit`` follows
@@ -235,8 +242,7 @@ class RolloutDataModule(L.LightningDataModule):
         rank, world = self._rank()
         tasks = validation_sample(self.suite.tasks(split), self.val_size, self.seed)
         if rank == 0:  # an evaluation can take minutes: say what it plays (SuccessReport logs what it measured)
-            rl_step = self.trainer.lightning_module.rl_step
-            log.info("evaluation at RL step %d: playing %d %s episodes ...", rl_step, len(tasks), split)
+            log.info("evaluation: playing %d %s episodes ...", len(tasks), split)
         tasks = tasks[rank::world]
         start = time.perf_counter()
         self._bind_weights_once()

@@ -269,6 +269,8 @@ def validate(cfg: DictConfig) -> None:
     _devices(cfg.trainer.get("devices", "auto"))
     if algo.epo.smoothing and not algo.epo.enabled:
         raise ConfigError("algo.epo.smoothing=true has no effect while algo.epo.enabled=false: enable EPO or drop smoothing")
+    if (cfg.get("callbacks") or {}).get("weight_sync") is None:
+        raise ConfigError("callbacks.weight_sync is how the generation engines get the actor's weights: keep it")
     if algo.epo.smoothing:
         _smoothing_callbacks(cfg.get("callbacks") or {})
     if algo.mini_batches > 1 and cfg.data.episodes_per_step < algo.mini_batches:

@@ -108,3 +108,10 @@ def test_an_epo_run_without_its_entropy_window_or_beta_schedule_is_refused_at_st
     with pytest.raises(ConfigError, match=f"algo.epo.smoothing=true needs the callback {dropped}"):
         validate(compose_cfg("algo=ppo_epo", f"~callbacks.{dropped}"))
     validate(compose_cfg("algo=ppo", f"~callbacks.{dropped}"))  # no smoothing: neither callback is read
+
+
+def test_a_run_without_the_weight_sync_is_refused_at_start(compose_cfg):
+    """WeightSync is the one route by which the engines get the actor's weights: without it a run is refused at
+    start, instead of stopping at its first collection."""
+    with pytest.raises(ConfigError, match="keep it"):
+        validate(compose_cfg("~callbacks.weight_sync"))
