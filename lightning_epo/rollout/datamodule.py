@@ -242,7 +242,8 @@ class RolloutDataModule(L.LightningDataModule):
         rank, world = self._rank()
         tasks = validation_sample(self.suite.tasks(split), self.val_size, self.seed)
         if rank == 0:  # an evaluation can take minutes: say what it plays (SuccessReport logs what it measured)
-            log.info("evaluation: playing %d %s episodes ...", len(tasks), split)
+            rl_steps = self.sampler.step  # one draw per RL step, restored with a checkpoint
+            log.info("evaluation at RL step %d: playing %d %s episodes ...", rl_steps, len(tasks), split)
         tasks = tasks[rank::world]
         start = time.perf_counter()
         self._bind_weights_once()
