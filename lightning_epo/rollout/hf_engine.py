@@ -128,9 +128,11 @@ class HFEngine(GenerationEngine):
         device = stop.device
         distinct, row_of = distinct_prompts(prompts)
         out, attention_mask, position_ids = self._prefill(distinct, stop)
-        rows = torch.tensor(row_of, device=device)
-        out.past_key_values.reorder_cache(rows)
-        logits, attention_mask, position_ids = out.logits[rows], attention_mask[rows], position_ids[rows]
+        logits = out.logits
+        if len(distinct) < len(prompts):  # copies to make; all distinct (an evaluation) keeps the cache as it is
+            rows = torch.tensor(row_of, device=device)
+            out.past_key_values.reorder_cache(rows)
+            logits, attention_mask, position_ids = logits[rows], attention_mask[rows], position_ids[rows]
         next_position = position_ids[:, -1:] + 1
         finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
         tokens, logprobs = [], []

@@ -113,5 +113,5 @@ def test_an_epo_run_without_its_entropy_window_or_beta_schedule_is_refused_at_st
 def test_a_run_without_the_weight_sync_is_refused_at_start(compose_cfg):
     """WeightSync is the one route by which the engines get the actor's weights: without it a run is refused at
     start, instead of stopping at its first collection."""
-    with pytest.raises(ConfigError, match="keep it"):
+    with pytest.raises(ConfigError, match=r"callbacks\.weight_sync .*keep it"):
         validate(compose_cfg("~callbacks.weight_sync"))
