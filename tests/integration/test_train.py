@@ -114,12 +114,16 @@ def test_the_parts_of_an_rl_step_add_up_to_the_step_and_are_said_in_its_line(com
     rows = list(csv.DictReader((tmp_path / "run" / "csv" / "metrics.csv").open()))
     steps = [{k: float(v) for k, v in row.items() if v} for row in rows if row.get("perf/step_s")]
     assert len(steps) == 2
+    parts = ["rollout", "old_logprob", "values", "ref_logprob", "update", "weight_sync", "checkpoint"]
+    untimed = []
     for step in steps:
-        parts = ["rollout", "old_logprob", "values", "ref_logprob", "update", "weight_sync", "checkpoint"]
         timed = sum(step[f"perf/{part}_s"] for part in parts)
-        assert timed <= step["perf/step_s"] <= timed + max(0.5, 0.1 * timed), step
+        assert timed <= step["perf/step_s"], step
+        untimed.append((step["perf/step_s"] - timed) / max(0.5, 0.1 * timed))
         assert step["perf/gen_s"] + step["perf/env_s"] <= step["perf/rollout_s"]
         assert step["perf/update_flops_per_s"] > 0 and 0 < step["perf/update_peak_share"] < 1.5
+    # Lightning's own loop is the rest: a stage left untimed shows in both steps, a pause of a loaded machine in one
+    assert min(untimed) <= 1, steps
     assert sum(bool(row.get("perf/eval_s")) for row in rows) == 2  # an evaluation after each step
     lines = [r.getMessage() for r in caplog.records if " took " in r.getMessage()]
     assert [line.split(" took ")[0] for line in lines] == ["step 0", "step 1"]
