@@ -7,7 +7,9 @@ Every term is a weighted sum over tokens with weights fixed once per RL step
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -63,6 +65,17 @@ class ObjectiveSettings:
     value_clip: float | None = None
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
+
+    @classmethod
+    def from_algo(cls, algo: Mapping[str, Any]) -> "ObjectiveSettings":
+        """The run's fixed settings, each read by its own name from ``algo.epo`` (Eq. 5-6's ``kappa_l``, ``kappa_r``,
+        ``alpha``, ``penalty``) or else from ``algo``; smoothing (Eq. 6) is on where EPO and its smoothing both are.
+        λ_k, β_k and H̄ change every RL step: they start at 0 / None here."""
+        epo = algo["epo"]
+        per_step = {"entropy_coef": 0.0, "beta": 0.0, "entropy_ref": None,
+                    "smoothing": bool(epo["enabled"] and epo["smoothing"])}
+        fixed = {f.name: epo[f.name] if f.name in epo else algo[f.name] for f in fields(cls) if f.name not in per_step}
+        return cls(**per_step, **fixed)
 
 
 def epo_objective(

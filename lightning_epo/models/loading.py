@@ -262,3 +262,13 @@ def load_reference(model_cfg: Mapping[str, Any]) -> PreTrainedModel:
     """A frozen copy of the initial policy for the KL term: eval mode, ``requires_grad=False`` everywhere."""
     reference = _from_pretrained("reference model", AutoModelForCausalLM.from_pretrained, model_cfg, weights=True)
     return reference.eval().requires_grad_(False)
+
+
+def load_models(
+    model_cfg: Mapping[str, Any], critic: bool, kl_coef: float
+) -> tuple[PreTrainedModel | PeftModel, ValueModel | None, PreTrainedModel | None]:
+    """A run's models: the actor (train mode), with ``critic`` (PPO) a critic (train mode), and with a KL term
+    (``kl_coef > 0``) a frozen reference, unless LoRA is on (then the reference is the actor's adapter-free base)."""
+    actor = load_actor(model_cfg).train()  # in this order: the adapters' and the value head's initialisation draw
+    value_model = load_critic(model_cfg).train() if critic else None  # from the seeded random state one after another
+    return actor, value_model, load_reference(model_cfg) if uses_reference(model_cfg, kl_coef) else None

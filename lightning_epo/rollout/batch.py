@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from lightning_epo.algos.advantages import AdvantageInputs
 from lightning_epo.rollout.episode import Episode, TurnSample
 
 
@@ -50,6 +51,14 @@ class RolloutBatch:
         for name in ("input_ids", "attention_mask", "response_mask"):
             picked[name] = picked[name][:, :length]
         return RolloutBatch(**picked)
+
+    def advantage_inputs(self, values: torch.Tensor | None = None) -> AdvantageInputs:
+        """The batch as the advantage estimators see it, with the old critic's ``values`` ``[N, L]`` (PPO)."""
+        return AdvantageInputs(
+            mask=self.response_mask, turn_rewards=self.turn_rewards, episode_returns=self.episode_returns,
+            traj_ids=self.traj_ids, turn_idx=self.turn_idx, group_ids=self.group_ids, values=values,
+            state_ids=self.state_ids,
+        )
 
     def split_by_tokens(self, rows: torch.Tensor, budget: int) -> list[torch.Tensor]:
         """``rows`` (indices ``[n]``) sorted longest first and cut into consecutive micro-batches whose padded

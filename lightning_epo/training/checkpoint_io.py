@@ -128,3 +128,11 @@ def newest_checkpoint(dirpath: str | Path | None) -> Path | None:
     if dirpath is None or not Path(dirpath).is_dir():
         return None
     return max(Path(dirpath).glob("*.ckpt"), key=lambda path: path.stat().st_mtime, default=None)
+
+
+def reopen_if_extended(checkpoint: dict[str, Any], total_steps: int) -> None:
+    """Reopen (:func:`reopen_finished_run`) the checkpoint of a finished run that is resumed to train up to a larger
+    ``total_steps`` (runtime/config.py's ``check_resume`` said so at start)."""
+    done = finished_steps(checkpoint)
+    if done is not None and done < total_steps:
+        reopen_finished_run(checkpoint)

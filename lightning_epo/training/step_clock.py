@@ -11,11 +11,14 @@ kernels a part launched are counted in it, not in the next.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
 
 import torch
+
+from lightning_epo.core.metric_names import STEP_PARTS
+from lightning_epo.models.lora import is_lora
 
 
 class StepClock:
@@ -63,6 +66,21 @@ def model_flops_per_token(model: torch.nn.Module) -> tuple[float, float]:
     return 2.0 * params, 2.0 * (_numel(output_weight) if output_weight is not None else 0)
 
 
+def update_flops(actor: torch.nn.Module, critic: torch.nn.Module | None, attention_mask: torch.Tensor,
+                 response_mask: torch.Tensor, epochs: int) -> float:
+    """An update's model FLOPs (:func:`model_flops_per_token`): every epoch a forward and a backward of the actor and
+    (PPO) the critic's backbone over the batch's real tokens (``attention_mask`` ``[N, L]``), the actor's output layer
+    over its response tokens (``response_mask``). A backward costs two forwards where the weights train, one where
+    they are frozen (LoRA's base: input gradients only)."""
+    tokens, responses = float(attention_mask.sum()), float(response_mask.sum())
+    models = [(actor, actor, responses)] + ([(critic, critic.backbone, 0.0)] if critic is not None else [])
+    flops = 0.0
+    for model, decoder, logits in models:
+        body, output = model_flops_per_token(decoder)
+        flops += (2.0 if is_lora(model) else 3.0) * (body * tokens + output * logits)
+    return flops * epochs
+
+
 def _numel(param: torch.Tensor) -> int:
     """A parameter's size, also where ZeRO-3 holds only this rank's shard of it."""
     return getattr(param, "ds_numel", param.numel())
@@ -86,13 +104,34 @@ def matmul_peak_flops(device_type: str, dtype: torch.dtype) -> float:
     return 2.0 * size**3 * repeats / (time.perf_counter() - began)
 
 
+def perf_metrics(clock: StepClock, flops: float, peak: float, reduce: Callable[..., torch.Tensor],
+                 world_size: int) -> dict[str, float]:
+    """RL step k's ``perf/*`` values: the ``clock``'s parts and the whole step in seconds (means over ranks:
+    ``reduce`` sums, or with ``"max"`` takes the largest, over ranks), the update's achieved FLOP/s (``flops``:
+    :func:`update_flops`) and its share of the matmul ``peak``, and on CUDA the step's peak memory on the fullest
+    GPU (its rollout and its update; the counter is reset for the next step)."""
+    seconds = {f"perf/{part}_s": clock.seconds[part] for part in STEP_PARTS if part in clock.seconds}
+    seconds["perf/step_s"] = clock.elapsed()
+    total = reduce(torch.tensor(list(seconds.values()), device=clock.device)) / world_size
+    metrics = dict(zip(seconds, total.tolist()))
+    flops_per_s = flops / max(metrics["perf/update_s"], 1e-9)
+    metrics |= {"perf/update_flops_per_s": flops_per_s, "perf/update_peak_share": flops_per_s / peak}
+    if clock.device.type == "cuda":
+        memory = torch.tensor(float(torch.cuda.max_memory_allocated(clock.device)), device=clock.device)
+        metrics["perf/peak_memory_gib"] = float(reduce(memory, "max")) / 2**30
+        torch.cuda.reset_peak_memory_stats(clock.device)
+    return metrics
+
+
 PART_LABELS = {"old_logprob": "log-probs", "values": "values", "ref_logprob": "reference"}
 
 
-def step_line(step: int, seconds: dict[str, float], flops_per_s: float, peak: float) -> str:
+def step_line(step: int, seconds: dict[str, float], peak: float) -> str:
     """``step 3 took 45.2 s: rollout 20.1 s (gen 18.0, env 2.1), old policy 5.2 s (log-probs 3.0, values 2.2),
     update 18.3 s at 95 GFLOP/s (83 % of the matmul peak, 115 GFLOP/s), weight push 0.1 s, checkpoint 1.5 s``
-    from RL step ``step``'s ``perf/*`` values (``seconds``)."""
+    from RL step ``step``'s ``perf/*`` values (``seconds``, :func:`perf_metrics`) and the matmul ``peak``."""
+    flops_per_s = seconds["perf/update_flops_per_s"]
+
     def s(part: str) -> float:
         return seconds.get(f"perf/{part}_s", 0.0)
 

@@ -1,7 +1,7 @@
 """The metrics of one RL step: each rank's sums gathered under names, reduced over ranks in one collective.
 
-The metric names themselves are in :mod:`lightning_epo.core.metric_names`; the module (``_log_step``) adds its sums
-here, reduces once, and logs the results without further synchronisation.
+The metric names themselves are in :mod:`lightning_epo.core.metric_names`; :mod:`lightning_epo.training.step_log`
+adds its sums here, reduces once, and the module logs the results without further synchronisation.
 """
 
 from __future__ import annotations

@@ -37,16 +37,7 @@ def deepspeed_config(
         raise ConfigError(f"trainer.strategy.stage={stage} is not valid; choose 2 or 3")
     if offload_parameters and stage != 3:
         raise ConfigError("trainer.strategy.offload_parameters needs ZeRO stage 3: use trainer=deepspeed_stage_3")
-    zero: dict[str, Any] = {
-        "stage": stage,
-        "contiguous_gradients": True,
-        "overlap_comm": True,
-        "reduce_bucket_size": bucket_size,
-    }
-    if stage == 2:
-        zero.update(allgather_bucket_size=bucket_size, reduce_scatter=True)
-    else:
-        zero.update(stage3_prefetch_bucket_size=bucket_size, stage3_param_persistence_threshold=100_000)
+    zero = _zero_optimization(stage, bucket_size)
     if offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin_memory}
     if offload_parameters:
@@ -60,6 +51,21 @@ def deepspeed_config(
     if precision.startswith("bf16"):
         config["bf16"] = {"enabled": True, "check_grad_overflow": True}
     return config
+
+
+def _zero_optimization(stage: int, bucket_size: int) -> dict[str, Any]:
+    """The ``zero_optimization`` section of ZeRO ``stage`` (2 or 3), its communication buckets ``bucket_size``."""
+    zero: dict[str, Any] = {
+        "stage": stage,
+        "contiguous_gradients": True,
+        "overlap_comm": True,
+        "reduce_bucket_size": bucket_size,
+    }
+    if stage == 2:
+        zero.update(allgather_bucket_size=bucket_size, reduce_scatter=True)
+    else:
+        zero.update(stage3_prefetch_bucket_size=bucket_size, stage3_param_persistence_threshold=100_000)
+    return zero
 
 
 class ZeroStrategy(DeepSpeedStrategy):

@@ -56,7 +56,7 @@ def test_a_streak_of_nan_losses_stops_before_checkpointing_the_bad_step(compose_
     assert f"ckpt_path={tmp_path / 'ckpt' / 'last.ckpt'}" in str(failure.value)  # the newest checkpoint on disk
 
     # steps 0, 1 trained; steps 2 and 3 were skipped (finite gradients, NaN loss), and step 3 stopped the run
-    assert (module.skipped_steps, module.skip_streak) == (2, 2)
+    assert (module.guard.skipped_steps, module.guard.skip_streak) == (2, 2)
     saved = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)
     # the last checkpoint is the last good step (Lightning saves only after an optimizer step, and the
     # aborted step never reaches the checkpoint callback)

@@ -30,7 +30,7 @@ def prefixed_batch(vocab: int, seed: int):
 
 def count_folded(monkeypatch) -> list[int]:
     """Record how many rows :func:`prefix_hosts` gives another row as host, call by call."""
-    import lightning_epo.training.module as module_lib
+    import lightning_epo.training.micro_batches as module_lib
 
     folded, hosts_of = [], module_lib.prefix_hosts
 
@@ -68,7 +68,7 @@ def test_old_policy_pass_gives_the_same_logprobs_entropies_values_and_reference(
                          ids=["ppo_epo", "grpo_epo", "ppo_epo-lora", "ppo_epo-tokens"])
 def test_parameters_after_one_update_match_the_plain_forward(compose_cfg, monkeypatch, variant, sharing):
     """Two PPO epochs of two mini-batches, several micro-batches each (actor, critic; LoRA adapters)."""
-    import lightning_epo.training.module as module_lib
+    import lightning_epo.training.micro_batches as module_lib
 
     base = [*variant, "algo.ppo_epochs=2", "algo.mini_batches=2", *SGD]
     batches = [prefixed_batch(500, seed=5)]

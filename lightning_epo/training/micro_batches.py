@@ -1,0 +1,78 @@
+"""How one RL step's rows are cut into micro-batches (the passes of the old-policy pass and of each mini-batch),
+and what the decoders compute once in a micro-batch (``model.fold_turns``, ``model.shared_prefix``).
+
+Every rank must run as many passes as the others: DDP and DeepSpeed reduce gradients in every backward pass and
+every ZeRO-3 forward all-gathers the parameter shards. Both functions take the all-rank agreement as a callable
+(the module's reduction; the identity on one process).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from lightning_epo.models.shared_prefix import Sharing, prefix_hosts, shared_prefix_length
+from lightning_epo.rollout.batch import RolloutBatch
+
+
+def plan_micro_batches(
+    batch: RolloutBatch, groups: list[torch.Tensor], micro_batch_size: int, micro_batch_tokens: int | None,
+    fold: bool, reduce: Callable[..., torch.Tensor],
+) -> list[list[torch.Tensor]]:
+    """Each of ``groups`` (row indices ``[n]`` of ``batch``) cut into micro-batches: of at most ``micro_batch_size``
+    rows, or with ``micro_batch_tokens`` sorted by length and packed up to that many tokens of padded size
+    (:meth:`RolloutBatch.split_by_tokens`). With ``fold`` the rows cut are the group's hosts (:func:`prefix_hosts`,
+    the rows the decoders compute) and each row joins its host's micro-batch. Every group gets the largest pass
+    count of any rank (``reduce(t, "max")``): a rank with fewer gets empty micro-batches (:func:`rows_or_first`).
+    """
+    def most_passes(local: list[int]) -> list[int]:
+        device = groups[0].device if groups else None
+        return reduce(torch.tensor(local, device=device), "max").clamp(min=1).tolist()
+
+    hosts = [rows[prefix_hosts(batch.input_ids[rows], batch.attention_mask[rows])] if fold else rows
+             for rows in groups]  # [n] per group: batch indices
+    computed = [group_hosts.unique() if fold else rows for rows, group_hosts in zip(groups, hosts)]
+    if micro_batch_tokens is None:  # rows spread evenly over the passes
+        counts = most_passes([math.ceil(len(rows) / micro_batch_size) for rows in computed])
+        cuts = [list(rows.tensor_split(count)) for rows, count in zip(computed, counts)]
+    else:
+        cuts = [batch.split_by_tokens(rows, micro_batch_tokens) for rows in computed]
+        counts = most_passes([len(cut) for cut in cuts])
+        cuts = [cut + [rows[:0]] * (count - len(cut)) for rows, cut, count in zip(computed, cuts, counts)]
+    if not fold:
+        return cuts
+    return [[rows[torch.isin(group_hosts, cut)] for cut in group_cuts]  # each row beside its host
+            for rows, group_hosts, group_cuts in zip(groups, hosts, cuts)]
+
+
+def rows_or_first(rows: torch.Tensor) -> torch.Tensor:
+    """``rows``, or row 0 for an empty micro-batch: a pass whose result is discarded (or weighted 0), run so that
+    this rank takes part in the other ranks' collectives."""
+    return rows if len(rows) else torch.zeros(1, dtype=torch.long, device=rows.device)
+
+
+def micro_batch_sharing(
+    mb: RolloutBatch, fold: bool, shared_prefix: bool, reduce_zero3: Callable[..., torch.Tensor] | None
+) -> Sharing:
+    """What the decoders compute once in ``mb``: with ``fold`` only the rows that begin no other
+    (:func:`prefix_hosts`), with ``shared_prefix`` the leading tokens of those rows (0 for one row: nothing to
+    share). Under ZeRO-3 (``reduce_zero3``: the reduction over ranks, else None) every rank must run the decoder as
+    many times (two passes with a prefix, one without): a prefix is used only where every rank has one. Folding
+    changes no pass count.
+    """
+    folded = Sharing()
+    if fold:
+        hosts = prefix_hosts(mb.input_ids, mb.attention_mask)
+        if not bool((hosts == torch.arange(len(mb), device=hosts.device)).all()):  # else nothing folds: no gather
+            folded = Sharing.from_hosts(hosts)
+    if not shared_prefix:
+        return folded
+    rows = slice(None) if folded.computed is None else folded.computed
+    ids, mask = mb.input_ids[rows], mb.attention_mask[rows]
+    prefix = shared_prefix_length(ids, mask) if len(ids) > 1 else 0
+    if reduce_zero3 is not None and not bool(reduce_zero3(torch.tensor(int(prefix > 0), device=ids.device), "min")):
+        prefix = 0
+    return replace(folded, prefix=prefix)
