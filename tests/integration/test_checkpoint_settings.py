@@ -34,7 +34,7 @@ def forbid_building_models(monkeypatch) -> None:
     """From here on, building a model fails the test: a refusal must come first."""
     def built(*args, **kwargs):
         raise AssertionError("a model was built")
-    monkeypatch.setattr(module, "load_actor", built)
+    monkeypatch.setattr(module, "load_models", built)
 
 
 def refusal(compose_cfg, tmp_path: Path, ckpt: Path, *overrides: str) -> str:
