@@ -90,11 +90,11 @@ def approx_kl(logprob: torch.Tensor, old_logprob: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_ratio) - 1.0 - log_ratio
 
 
-def past_target_kl(kl_and_weight: torch.Tensor, target_kl: float | None) -> bool:
+def past_target_kl(kl_and_weight: torch.Tensor, target_kl: float) -> bool:
     """Stable-Baselines3's early stop of a PPO update: whether a mini-batch's :func:`approx_kl`, given as its weighted
-    sum and its total weight ``[2]`` (over all ranks), exceeds ``1.5 * target_kl``; False without a target (None)."""
+    sum and its total weight ``[2]`` (over all ranks), exceeds ``1.5 * target_kl``."""
     kl, weight = kl_and_weight.tolist()
-    return target_kl is not None and weight > 0 and kl / weight > 1.5 * target_kl
+    return weight > 0 and kl / weight > 1.5 * target_kl
 
 
 def explained_variance(

@@ -178,7 +178,7 @@ class EPOModule(L.LightningModule):
                 minis = torch.randperm(len(batch), generator=generator).to(self.device).tensor_split(algo.mini_batches)
                 yield from zip(minis, self._micro_batches(batch, minis))
 
-        scale = algo.mini_batches * self.trainer.world_size
+        scale, target_kl = algo.mini_batches * self.trainer.world_size, algo.get("target_kl")
         sums: dict[str, float] = {}
         ran = steps = 0
         for mini, micro_batches in mini_batches():
@@ -188,7 +188,7 @@ class EPOModule(L.LightningModule):
                 with accumulation_boundary(self.trainer.strategy, last=i == len(micro_batches) - 1):
                     self._accumulate(batch, targets, settings, rows, scale, sums)
             kl = torch.tensor([sums["approx_kl"] - kl_before, float(targets.mean_weights[mini].sum())], device=self.device)
-            if past_target_kl(self._reduce(kl), algo.get("target_kl")):
+            if target_kl is not None and past_target_kl(self._reduce(kl), target_kl):  # a collective only with a target
                 opt.zero_grad()
                 break
             self._stop_if(self.guard.count_step(clip_and_step(opt, self.trainer.strategy, self.optim_cfg.grad_clip)))
