@@ -127,7 +127,7 @@ RULES: dict[str, Rule] = {
     "algo.gigpo.eps": POSITIVE, "algo.gigpo.norm_by_std": SWITCH, "algo.gigpo.gamma": FRACTION,
     "algo.gigpo.step_weight": NON_NEGATIVE,
     "algo.advantage_shaping.alpha": NON_NEGATIVE, "algo.advantage_shaping.kappa": POSITIVE,
-    "algo.epo.enabled": SWITCH, "algo.epo.smoothing": SWITCH, "algo.epo.kappa_l": NON_NEGATIVE,
+    "algo.epo.smoothing": SWITCH, "algo.epo.kappa_l": NON_NEGATIVE,
     "algo.epo.kappa_r": POSITIVE, "algo.epo.alpha": NON_NEGATIVE, "algo.epo.beta_start": NON_NEGATIVE,
     "algo.epo.beta_end": NON_NEGATIVE, "algo.epo.lambda_d": POSITIVE,
     # model
@@ -267,8 +267,9 @@ def validate(cfg: DictConfig) -> None:
         )
     _epo_settings(algo.epo)
     _devices(cfg.trainer.get("devices", "auto"))
-    if algo.epo.smoothing and not algo.epo.enabled:
-        raise ConfigError("algo.epo.smoothing=true has no effect while algo.epo.enabled=false: enable EPO or drop smoothing")
+    if algo.epo.smoothing and algo.entropy_coef == 0:
+        raise ConfigError("algo.epo.smoothing=true has no effect with algo.entropy_coef=0 (λ weighs L_H and L_smooth "
+                          "alike): set algo.entropy_coef (e.g. 0.001) or drop smoothing")
     if (cfg.get("callbacks") or {}).get("weight_sync") is None:
         raise ConfigError("callbacks.weight_sync is how the generation engines get the actor's weights: keep it")
     if algo.epo.smoothing:

@@ -270,7 +270,7 @@ class EPOModule(L.LightningModule):
         """Log RL step k's metrics (training/step_log.py; one collective) and return its report for the callbacks."""
         edges = (self.hparams.edge_turns, self.hparams.edge_tokens)
         total = step_sums(batch, entropy, targets, terms, s, edges, self.hparams.max_turns).reduce(self._reduce)
-        metrics = step_metrics(total, list(batch.stats), terms, s, self.trainer.world_size, self.algo.epo.enabled)
+        metrics = step_metrics(total, list(batch.stats), terms, s, self.trainer.world_size, self.algo.entropy_coef > 0)
         metrics |= {"train/lr": self.lr_schedulers().get_last_lr()[0], "train/skipped_steps": self.guard.skipped_steps}
         if self.algo.get("target_kl") is not None:  # without a target it is always ppo_epochs * mini_batches
             metrics["ppo/optimizer_steps"] = optimizer_steps

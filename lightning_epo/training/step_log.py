@@ -38,15 +38,16 @@ def step_sums(
 
 def step_metrics(
     total: dict[str, torch.Tensor], stats: list[str], terms: dict[str, float], s: ObjectiveSettings, world_size: int,
-    epo: bool,
+    entropy_regularised: bool,
 ) -> dict[str, float]:
     """The step's values from the all-rank sums ``total`` (:func:`step_sums`): the rollout's ``stats`` (counts add
-    up over ranks, rates average), the loss terms, the PPO diagnostics, EPO's λ_k (``epo``), β_k and H̄ (with
-    smoothing), the entropy panels and the critic's explained variance (undefined when the returns do not vary)."""
+    up over ranks, rates average), the loss terms, the PPO diagnostics, λ_k (where ``entropy_regularised``:
+    ``algo.entropy_coef > 0``), β_k and H̄ (with smoothing), the entropy panels and the critic's explained variance
+    (undefined when the returns do not vary)."""
     metrics = {name: float(total[name] if name in ROLLOUT_COUNTS else total[name] / world_size) for name in stats}
     metrics |= {f"loss/{name}": float(total[f"terms/{name}"]) for name in LOSS_TERMS if name in terms}
     metrics |= {"ppo/clipfrac": float(total["terms/clipfrac"]), "ppo/approx_kl": float(total["terms/approx_kl"])}
-    if epo:
+    if entropy_regularised:
         metrics["epo/entropy_coef"] = s.entropy_coef
     if s.smoothing:
         metrics["epo/beta"] = s.beta

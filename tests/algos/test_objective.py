@@ -33,4 +33,4 @@ def test_the_objective_settings_read_every_fixed_field_from_the_config_by_name(c
     settings = ObjectiveSettings.from_algo(cfg.algo)
     assert {key: getattr(settings, key.split(".")[-1]) for key in overrides} == overrides
     assert (settings.entropy_coef, settings.beta, settings.entropy_ref, settings.smoothing) == (0.0, 0.0, None, True)
-    assert not ObjectiveSettings.from_algo(compose_cfg("algo=ppo_epo", "algo.epo.enabled=false").algo).smoothing
+    assert not ObjectiveSettings.from_algo(compose_cfg("algo=ppo_epo", "algo.epo.smoothing=false").algo).smoothing

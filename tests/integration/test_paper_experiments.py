@@ -65,7 +65,7 @@ def test_paper_experiment_holds_the_paper_settings_and_passes_the_start_checks(g
 def test_paper_baseline_is_the_same_run_without_epo(gpu_machine, experiment):
     baseline = "grpo" if "grpo" in experiment else "ppo"
     cfg = shipped(f"experiment={experiment}", f"algo={baseline}")
-    assert cfg.algo.name == baseline and not cfg.algo.epo.enabled and cfg.algo.entropy_coef == 0.0
+    assert cfg.algo.name == baseline and not cfg.algo.epo.smoothing and cfg.algo.entropy_coef == 0.0
     assert cfg.optim.actor_lr == PAPER[experiment][4] and cfg.algo.group_size == PAPER[experiment][6]
     validate(cfg)
 

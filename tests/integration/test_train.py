@@ -31,7 +31,8 @@ def test_every_algo_runs_two_rl_steps(compose_cfg, tmp_path, algo):
     assert ckpt["rl_state"]["rl_step"] == 2
     assert torch.isfinite(torch.tensor(metrics["loss/total"]))
     assert ("loss/value" in metrics) == cfg.algo.critic
-    assert ("epo/beta" in metrics) == bool(cfg.algo.epo.enabled and cfg.algo.epo.smoothing)
+    assert ("epo/beta" in metrics) == cfg.algo.epo.smoothing
+    assert ("epo/entropy_coef" in metrics) == (cfg.algo.entropy_coef > 0)
     # every output of the run sits under the run directory
     assert (tmp_path / "run" / "csv" / "metrics.csv").is_file()
 
