@@ -69,8 +69,9 @@ class ObjectiveSettings:
     @classmethod
     def from_algo(cls, algo: Mapping[str, Any]) -> "ObjectiveSettings":
         """The run's fixed settings, each read by its own name from ``algo.epo`` (Eq. 5-6's ``kappa_l``, ``kappa_r``,
-        ``alpha``, ``penalty``) or else from ``algo``; smoothing (Eq. 6) is ``algo.epo.smoothing``.
-        λ_k, β_k and H̄ change every RL step: they start at 0 / None here."""
+        ``alpha``, ``penalty``) or else from ``algo`` (fields of :mod:`lightning_epo.algos.settings`, same names and
+        types); smoothing (Eq. 6) is ``algo.epo.smoothing``. λ_k, β_k and H̄ change every RL step: they start at
+        0 / None here."""
         epo = algo["epo"]
         per_step = {"entropy_coef": 0.0, "beta": 0.0, "entropy_ref": None, "smoothing": bool(epo["smoothing"])}
         fixed = {f.name: epo[f.name] if f.name in epo else algo[f.name] for f in fields(cls) if f.name not in per_step}

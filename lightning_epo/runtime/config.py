@@ -2,7 +2,9 @@
 
 Hydra already rejects unknown keys (``Key 'x' is not in struct``) and unknown group options. Every number and
 switch of the configs has a rule in :data:`RULES` (a key absent from the composed config, e.g. another
-environment's, is skipped); the checks that relate several keys follow in :func:`validate`.
+environment's, is skipped): the algorithm's come from its typed settings (:class:`lightning_epo.algos.settings.
+AlgoConfig`), into which :func:`validate` also merges the composed ``algo``; the checks that relate several keys
+follow in :func:`validate`.
 """
 
 from __future__ import annotations
@@ -10,18 +12,31 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
 import hydra
 import torch
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
 
-from lightning_epo.algos import ADVANTAGES, KL_ESTIMATORS, PENALTIES, POLICY_LOSSES
+from lightning_epo.algos.settings import AlgoConfig
 from lightning_epo.core import layout
 from lightning_epo.core.errors import ConfigError, UserError
+from lightning_epo.core.rules import (
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
+    SWITCH,
+    TEMPERATURE,
+    TOP_P,
+    Rule,
+    integer,
+    number,
+    one_of,
+    rules_of,
+)
 from lightning_epo.models.loading import check_hub_access, load_tokenizer
 from lightning_epo.rollout.collector import fixed_prompt_tokens
 from lightning_epo.rollout.datamodule import TASK_ORDERS
@@ -32,68 +47,6 @@ log = logging.getLogger(__name__)
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
-
-@dataclass(frozen=True)
-class Rule:
-    """What a setting may hold: an integer, a number (int or float) or a switch; ``low`` / ``high`` bound a
-    number (``open_low`` / ``open_high``: strictly); ``optional``: null is allowed too; ``example``: a valid value
-    for the message."""
-
-    kind: str  # "integer" | "number" | "bool"
-    low: float | None = None
-    high: float | None = None
-    open_low: bool = False
-    open_high: bool = False
-    optional: bool = False
-    example: object = None
-
-    def accepts(self, value: object) -> bool:
-        """Whether ``value`` satisfies the rule (booleans are never numbers here: YAML's ``true`` is no 1)."""
-        if value is None:
-            return self.optional
-        if self.kind == "bool":
-            return isinstance(value, bool)
-        types = (int,) if self.kind == "integer" else (int, float)
-        if not isinstance(value, types) or isinstance(value, bool) or value != value:  # NaN fails every bound
-            return False
-        above = self.low is None or (value > self.low if self.open_low else value >= self.low)
-        below = self.high is None or (value < self.high if self.open_high else value <= self.high)
-        return above and below
-
-    def describe(self) -> str:
-        """``an integer >= 1``, ``a number in (0, 1]``, ``true or false`` ... (+ ``or null``, + an example)."""
-        if self.kind == "bool":
-            text = "true or false (unquoted)"
-        else:
-            text = "an integer" if self.kind == "integer" else "a number"
-            if self.low is not None and self.high is not None:
-                text += f" in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
-            elif self.low is not None:
-                text += f" {'>' if self.open_low else '>='} {self.low:g}"
-            elif self.high is not None:
-                text += f" {'<' if self.open_high else '<='} {self.high:g}"
-        if self.example is not None:
-            text += f" (e.g. {self.example})"
-        return text + (" or null" if self.optional else "")
-
-
-def integer(minimum: int = 1, maximum: int | None = None, optional: bool = False) -> Rule:
-    """An integer in ``[minimum, maximum]`` (no upper bound when ``maximum`` is None)."""
-    return Rule("integer", low=minimum, high=maximum, optional=optional)
-
-
-def number(low: float | None = None, high: float | None = None, open_low: bool = False, open_high: bool = False,
-           optional: bool = False, example: object = None) -> Rule:
-    """A number (int or float) within the given bounds."""
-    return Rule("number", low, high, open_low, open_high, optional, example)
-
-
-SWITCH = Rule("bool")
-POSITIVE = number(0, open_low=True)
-NON_NEGATIVE = number(0)
-FRACTION = number(0, 1)          # [0, 1]
-TEMPERATURE = number(0, example="1.0; 0 is greedy")
-TOP_P = number(0, 1, open_low=True)
 
 RULES: dict[str, Rule] = {
     # run
@@ -113,23 +66,6 @@ RULES: dict[str, Rule] = {
     "env.suite.wall_density": number(0, 1, open_high=True), "env.suite.num_train_tasks": integer(),
     "env.suite.num_eval_tasks": integer(), "env.suite.success_reward": POSITIVE, "env.suite.cache_size": integer(),
     "env.suite.jvm_heap_mb": integer(256), "env.suite.gold_path": SWITCH,
-    # algorithm
-    "algo.group_size": integer(), "algo.ppo_epochs": integer(), "algo.mini_batches": integer(),
-    "algo.micro_batch_size": integer(optional=True), "algo.micro_batch_tokens": integer(optional=True),
-    "algo.critic": SWITCH, "algo.whiten_advantages": SWITCH,
-    "algo.clip_low": number(0, 1, open_low=True, open_high=True), "algo.clip_high": POSITIVE,
-    "algo.dual_clip": number(1, open_low=True, optional=True, example=3.0),
-    "algo.value_coef": NON_NEGATIVE, "algo.value_clip": number(0, open_low=True, optional=True, example=10.0),
-    "algo.entropy_coef": NON_NEGATIVE, "algo.kl_coef": NON_NEGATIVE,
-    "algo.target_kl": number(0, open_low=True, optional=True, example=0.02),
-    "algo.gae.gamma": FRACTION, "algo.gae.lam": FRACTION,
-    "algo.grpo.eps": POSITIVE, "algo.grpo.norm_by_std": SWITCH,
-    "algo.gigpo.eps": POSITIVE, "algo.gigpo.norm_by_std": SWITCH, "algo.gigpo.gamma": FRACTION,
-    "algo.gigpo.step_weight": NON_NEGATIVE,
-    "algo.advantage_shaping.alpha": NON_NEGATIVE, "algo.advantage_shaping.kappa": POSITIVE,
-    "algo.epo.smoothing": SWITCH, "algo.epo.kappa_l": NON_NEGATIVE,
-    "algo.epo.kappa_r": POSITIVE, "algo.epo.alpha": NON_NEGATIVE, "algo.epo.beta_start": NON_NEGATIVE,
-    "algo.epo.beta_end": NON_NEGATIVE, "algo.epo.lambda_d": POSITIVE,
     # model
     "model.max_prompt_tokens": integer(), "model.logits_chunk_size": integer(optional=True),
     "model.answer.max_new_tokens": integer(), "model.answer.think": SWITCH,
@@ -164,7 +100,7 @@ RULES: dict[str, Rule] = {
     # metrics and callbacks
     "metrics.edge_turns": integer(), "metrics.edge_tokens": integer(),
     "callbacks.checkpoint.every_n_rl_steps": integer(), "callbacks.rollout_samples.num_episodes": integer(0),
-}
+} | rules_of(AlgoConfig, "algo")
 
 
 _ABSENT = object()
@@ -185,12 +121,28 @@ def check_rules(cfg: DictConfig) -> None:
     for key, rule in RULES.items():
         value = _lookup(cfg, key)
         if value is not _ABSENT and not rule.accepts(value):
-            raise ConfigError(f"{key} must be {rule.describe()}, got {value!r}")
+            raise ConfigError(rule.error(key, value))
 
 
 def _choice(value: object, valid: list[str], key: str) -> None:
-    if value not in valid:
-        raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(valid)}")
+    if not (rule := one_of(*valid)).accepts(value):
+        raise ConfigError(rule.error(key, value))
+
+
+def _typed_algo(algo: DictConfig) -> DictConfig:
+    """The composed ``algo`` merged into its typed settings (:class:`AlgoConfig`): a key that no algorithm has, or
+    one that a config of its own leaves out, is refused in one line."""
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(AlgoConfig), OmegaConf.to_container(algo, resolve=True))
+    except ConfigKeyError as error:
+        raise ConfigError(f"algo.{error.full_key} is not a setting of any algorithm (lightning_epo/algos/settings.py): "
+                          "check its spelling, or drop it") from None
+    except ValidationError as error:
+        raise ConfigError(f"algo.{error.full_key} does not have the type lightning_epo/algos/settings.py gives it "
+                          f"({error.msg.splitlines()[0]}): give it a value of that type") from None
+    if missing := sorted(OmegaConf.missing_keys(typed)):
+        raise ConfigError(f"algo.{missing[0]} is not set: give it a value (conf/algo/ppo.yaml sets every key)")
+    return typed
 
 
 PRECISIONS = [*get_args(_PRECISION_INPUT_STR), *get_args(_PRECISION_INPUT_STR_ALIAS)]  # Lightning's names
@@ -214,7 +166,13 @@ def validate(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` with one line naming the key and the fix."""
     _choice(cfg.mode, ["train", "eval"], "mode")
     _choice(cfg.data.task_order, list(TASK_ORDERS), "data.task_order")
+    if cfg.algo.get("kl_estimator") == "k1":
+        raise ConfigError(
+            "algo.kl_estimator=k1 (log pi - log pi_ref) in the loss has zero expected gradient on-policy: use k2 "
+            "(its gradient is the KL's) or k3 (verl's low_var_kl)"
+        )
     check_rules(cfg)
+    _typed_algo(cfg.algo)
     precision = cfg.trainer.precision  # YAML reads 32 as an integer, which Lightning takes too
     _choice(str(precision) if type(precision) is int else precision, PRECISIONS, "trainer.precision")
     _eval_splits(list(cfg.env.eval_splits))
@@ -234,29 +192,14 @@ def validate(cfg: DictConfig) -> None:
             f"{cfg.algo.group_size}: make it one (e.g. data.episodes_per_step={cfg.algo.group_size * 4})"
         )
     algo = cfg.algo
-    _choice(algo.advantage, ADVANTAGES.names(), "algo.advantage")
-    _choice(algo.policy_loss, POLICY_LOSSES.names(), "algo.policy_loss")
     if algo.advantage == "grpo" and algo.group_size < 2 and algo.policy_loss != "nll":  # nll: supervised, no advantage
         raise ConfigError(
             f"algo.group_size={algo.group_size} with algo.advantage=grpo: a rollout is scored against the mean of its "
             "group, so every advantage is 0 and only the entropy term trains: set algo.group_size>=2"
         )
-    if algo.kl_estimator == "k1":
-        raise ConfigError(
-            "algo.kl_estimator=k1 (log pi - log pi_ref) in the loss has zero expected gradient on-policy: use k2 "
-            "(its gradient is the KL's) or k3 (verl's low_var_kl)"
-        )
-    _choice(algo.kl_estimator, KL_ESTIMATORS.names(), "algo.kl_estimator")
     _micro_batch_cut(algo)
-    _choice(algo.epo.penalty, PENALTIES.names(), "algo.epo.penalty")
-    _choice(algo.loss_agg, ["trajectory", "token", "seq_sum_norm"], "algo.loss_agg")
-    if algo.loss_agg == "seq_sum_norm" and not integer().accepts(algo.loss_scale_factor):
-        raise ConfigError(f"algo.loss_scale_factor must be {integer().describe()}, got {algo.loss_scale_factor!r}")
-    _choice(algo.entropy_decay, ["none", "linear", "cosine"], "algo.entropy_decay")
     if algo.advantage == "gae" and not algo.critic:
         raise ConfigError("algo.advantage=gae needs algo.critic=true (or use algo.advantage=grpo)")
-    if algo.advantage == "gae":
-        _choice(algo.gae.get("unit", "turn"), ["turn", "token"], "algo.gae.unit")
     if algo.critic and algo.advantage != "gae":
         raise ConfigError(f"algo.critic=true is unused with algo.advantage={algo.advantage}: set algo.critic=false")
     lora = cfg.model.get("lora")
