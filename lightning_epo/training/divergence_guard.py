@@ -54,12 +54,12 @@ class DivergenceGuard:
 
 def old_policy_not_finite(old: dict[str, torch.Tensor], mask: torch.Tensor,
                           reduce: Callable[[torch.Tensor], torch.Tensor]) -> str | None:
-    """A reason to stop (every rank alike: ``reduce`` sums over ranks) when the old-policy pass gave a non-finite
-    log-prob, entropy or value ``[N, L]`` on a response token (``mask``): the weights have diverged, and the entropy
-    window must not take the step's mean."""
+    """A reason to stop (every rank alike: ``reduce`` sums over ranks) when the old policy gave a non-finite
+    log-prob, entropy or value ``[N, L]`` on a response token (``mask``), in the old-policy pass or in the update's
+    first forward: the weights have diverged, and the entropy window must not take the step's mean."""
     names = [name for name in ("old_logprobs", "entropy", "old_values") if name in old]
     bad = int(reduce(torch.stack([(~torch.isfinite(old[name][mask])).sum() for name in names]).sum().float()))
-    return f"the old-policy pass gave {bad} non-finite log-probs, entropies or values" if bad else None
+    return f"the old policy gave {bad} non-finite log-probs, entropies or values" if bad else None
 
 
 @torch.no_grad()

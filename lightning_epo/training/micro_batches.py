@@ -1,5 +1,6 @@
-"""How one RL step's rows are cut into micro-batches (the passes of the old-policy pass and of each mini-batch),
-and what the decoders compute once in a micro-batch (``model.fold_turns``, ``model.shared_prefix``).
+"""How one RL step's rows are cut into mini-batches (the optimizer steps) and micro-batches (the passes of the
+old-policy pass and of each mini-batch), which rows the update's own forward gives the old policy's outputs, and what
+the decoders compute once in a micro-batch (``model.fold_turns``, ``model.shared_prefix``).
 
 Every rank must run as many passes as the others: DDP and DeepSpeed reduce gradients in every backward pass and
 every ZeRO-3 forward all-gathers the parameter shards. Both functions take the all-rank agreement as a callable
@@ -9,8 +10,9 @@ every ZeRO-3 forward all-gathers the parameter shards. Both functions take the a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -46,6 +48,26 @@ def plan_micro_batches(
         return cuts
     return [[rows[torch.isin(group_hosts, cut)] for cut in group_cuts]  # each row beside its host
             for rows, group_hosts, group_cuts in zip(groups, hosts, cuts)]
+
+
+def step_mini_batches(n: int, algo: Mapping[str, Any], seed: int, device: torch.device
+                      ) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
+    """One RL step's mini-batches: every PPO epoch (``algo.ppo_epochs``) a random permutation of the ``n`` rows (drawn
+    from ``seed``) cut into ``algo.mini_batches`` parts of row indices ``[~n / mini_batches]``; and their
+    :func:`on_policy_rows`."""
+    generator = torch.Generator().manual_seed(seed)
+    minis = [list(torch.randperm(n, generator=generator).to(device).tensor_split(algo["mini_batches"]))
+             for _ in range(algo["ppo_epochs"])]
+    return minis, on_policy_rows(minis, bool(algo.get("advantage_shaping")))
+
+
+def on_policy_rows(minis: list[list[torch.Tensor]], entropy_shaped: bool) -> torch.Tensor:
+    """The rows ``[m]`` whose first forward in the update comes before its first optimizer step: the first
+    mini-batch of the first epoch (of ``minis``). That forward runs on the rollout's policy,
+    so its detached log-probs and entropies are the old policy's and the old-policy pass leaves these rows to it
+    (all rows with one epoch of one mini-batch, the default). No rows where advantages are ``entropy_shaped``
+    (``algo.advantage_shaping``: they read the old entropies before the update)."""
+    return minis[0][0][:0] if entropy_shaped else minis[0][0]
 
 
 def rows_or_first(rows: torch.Tensor) -> torch.Tensor:

@@ -54,7 +54,10 @@ from lightning_epo.training.checkpoint_io import reopen_if_extended
 from lightning_epo.training.distributed import accumulation_boundary, hf_zero3_config, zero_stage
 from lightning_epo.training.divergence_guard import DivergenceGuard, diverged_error, old_policy_not_finite, param_norms
 from lightning_epo.training.eval_metrics import EvalMetrics
-from lightning_epo.training.micro_batches import micro_batch_sharing, plan_micro_batches, rows_or_first
+from lightning_epo.training.micro_batches import (
+    micro_batch_sharing, plan_micro_batches, rows_or_first, step_mini_batches,
+)
+from lightning_epo.training.old_policy import old_policy_pass
 from lightning_epo.training.optim import build_optimizer, build_scheduler, clip_and_step, use_configured_lrs
 from lightning_epo.training.step_clock import StepClock, matmul_peak_flops, perf_metrics, step_line, update_flops
 from lightning_epo.training.step_io import StepInputs, StepReport
@@ -121,72 +124,68 @@ class EPOModule(L.LightningModule):
             batch = next(dataloader_iter)[0].to(self.device)
         except TrainingDiverged as error:  # the engine sampled from non-finite logits: name the checkpoint
             self._stop_if(str(error), error)
-        old = self._old_policy_pass(batch)
-        self._stop_if(old_policy_not_finite(old, batch.response_mask, self._reduce))
+        seed = self.hparams.seed * 100_003 + self.rl_step
+        minis, on_policy = step_mini_batches(len(batch), self.algo, seed, self.device)
+        old = self._old_policy_pass(batch, on_policy)
         settings = self._settings()
         targets = step_targets(batch.advantage_inputs(old.get("old_values")), old, self.algo, self._reduce)
         norms_before = self._param_norms()
-        with self.clock.part("update"):
-            terms, optimizer_steps = self._ppo_update(batch, targets, settings)
+        with self.clock.part("update"):  # its first mini-batch fills the old outputs of the ``on_policy`` rows
+            terms, optimizer_steps = self._ppo_update(batch, minis, targets, settings,
+                                                      old["entropy"] if len(on_policy) else None)
+        self._stop_if(old_policy_not_finite(old, batch.response_mask, self._reduce))  # once the update filled its rows
         self._stop_if(self.guard.check_parameters(norms_before, self._param_norms()))
         self.lr_schedulers().step()
         self.step_report = self._log_step(batch, old["entropy"], targets, terms, settings, optimizer_steps)
         self.rl_step += 1
 
-    @torch.no_grad()
-    def _old_policy_pass(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
-        """Old log-probs, token entropies, values (with a critic) and reference log-probs (with KL), all ``[N, L]``."""
-        names = ["old_logprobs", "entropy"] + ["old_values"] * (self.critic is not None)
-        names += ["ref_logprobs"] * (self.algo.kl_coef > 0)
-        out = {name: torch.zeros(batch.input_ids.shape, device=self.device) for name in names}
-        (micro_batches,) = self._micro_batches(batch, [torch.arange(len(batch), device=self.device)])
-        for rows in micro_batches:
-            mb = batch.select(rows_or_first(rows))
-            length, sharing = mb.input_ids.shape[1], self._sharing(mb)
+    def _old_policy_pass(self, batch: RolloutBatch, on_policy: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Old log-probs and entropies (but for the ``on_policy`` rows: the update's first forward gives those),
+        values (with a critic) and reference log-probs (with KL), all ``[N, L]`` (training/old_policy.py)."""
+        others = self.critic is not None or self.algo.kl_coef > 0
+        return old_policy_pass(batch, on_policy, others, self._micro_batches, self._old_outputs, self._reduce)
+
+    def _old_outputs(self, mb: RolloutBatch, actor: bool) -> dict[str, torch.Tensor]:
+        """``mb``'s old log-probs and entropies (``actor``), else its values and reference log-probs, ``[n, L]``."""
+        sharing, outputs = self._sharing(mb), {}
+        if actor:
             with self.clock.part("old_logprob"):
-                outputs = dict(zip(("old_logprobs", "entropy"), self._token_outputs(mb, sharing)))
-            if self.critic is not None:
-                with self.clock.part("values"):
-                    outputs["old_values"] = self.critic(mb.input_ids, mb.attention_mask, sharing)
-            if "ref_logprobs" in out:
-                with self.clock.part("ref_logprob"):
-                    outputs["ref_logprobs"] = self._reference_logprobs(mb, sharing)
-            for name, value in outputs.items():
-                out[name][rows, :length] = value[: len(rows)]
-        return out
+                return dict(zip(("old_logprobs", "entropy"), self._token_outputs(mb, sharing)))
+        if self.critic is not None:
+            with self.clock.part("values"):
+                outputs["old_values"] = self.critic(mb.input_ids, mb.attention_mask, sharing)
+        if self.algo.kl_coef > 0:
+            with self.clock.part("ref_logprob"):
+                outputs["ref_logprobs"] = self._reference_logprobs(mb, sharing)
+        return outputs
 
     def _settings(self) -> ObjectiveSettings:
         """RL step k's settings: the fixed ones with λ_k, and β_k and H̄ from the callbacks (required at start)."""
-        inputs = self.step_inputs
-        if self.fixed_settings.smoothing and (inputs.beta is None or inputs.window_len is None):
-            raise RuntimeError(f"algo {self.algo.name} smooths entropy (Eq. 6) but no entropy window / beta_k schedule "
-                               "ran: use callbacks=default (EntropyWindow and BetaSchedule)")
+        inputs = self.step_inputs.required(self.fixed_settings.smoothing, self.algo.name)
         lambda_k = entropy_coef_at(self.rl_step, self.hparams.total_steps, self.algo.entropy_coef, self.algo.entropy_decay)
         return replace(self.fixed_settings, entropy_coef=lambda_k, beta=inputs.beta or 0.0, entropy_ref=inputs.entropy_ref)
 
-    def _ppo_update(self, batch: RolloutBatch, targets: StepTargets, settings: ObjectiveSettings
-                    ) -> tuple[dict[str, float], int]:
-        """``ppo_epochs`` passes over ``mini_batches`` optimizer steps, each accumulating micro-batches; a mini-batch's
-        loss scaled by ``mini_batches * world_size`` (its weights sum to ~1/mini_batches of the step's; DDP / DeepSpeed
-        average gradients over ranks). With ``algo.target_kl`` the update stops at the first mini-batch past it,
-        unapplied. Returns the loss terms' mean full-batch values and the optimizer steps taken."""
+    def _ppo_update(self, batch: RolloutBatch, minis: list[list[torch.Tensor]], targets: StepTargets,
+                    settings: ObjectiveSettings, old_entropy: torch.Tensor | None) -> tuple[dict[str, float], int]:
+        """``ppo_epochs`` passes over ``mini_batches`` optimizer steps (``minis``: each epoch's rows), each accumulating
+        micro-batches; a mini-batch's loss scaled by ``mini_batches * world_size`` (its weights sum to ~1/mini_batches
+        of the step's; DDP / DeepSpeed average gradients over ranks). The first mini-batch writes the old log-probs and
+        entropies (``old_entropy`` ``[N, L]``) that the old pass left to it. With ``algo.target_kl`` the update stops
+        at the first mini-batch past it, unapplied. Returns the loss terms' mean values and the optimizer steps."""
         opt, algo = self.optimizers(), self.algo
-        generator = torch.Generator().manual_seed(self.hparams.seed * 100_003 + self.rl_step)
 
-        def mini_batches() -> Iterator[tuple[torch.Tensor, list[torch.Tensor]]]:  # (rows, their micro-batches)
-            for _ in range(algo.ppo_epochs):
-                minis = torch.randperm(len(batch), generator=generator).to(self.device).tensor_split(algo.mini_batches)
-                yield from zip(minis, self._micro_batches(batch, minis))
+        mini_batches = ((mini, micro_batches) for epoch in minis  # (rows, their micro-batches), planned per epoch
+                        for mini, micro_batches in zip(epoch, self._micro_batches(batch, epoch)))
 
         scale, target_kl = algo.mini_batches * self.trainer.world_size, algo.get("target_kl")
         sums: dict[str, float] = {}
         ran = steps = 0
-        for mini, micro_batches in mini_batches():
+        for mini, micro_batches in mini_batches:
             opt.zero_grad()
             kl_before, ran = sums.get("approx_kl", 0.0), ran + 1
             for i, rows in enumerate(micro_batches):
                 with accumulation_boundary(self.trainer.strategy, last=i == len(micro_batches) - 1):
-                    self._accumulate(batch, targets, settings, rows, scale, sums)
+                    self._accumulate(batch, targets, settings, rows, scale, sums, old_entropy if ran == 1 else None)
             kl = torch.tensor([sums["approx_kl"] - kl_before, float(targets.mean_weights[mini].sum())], device=self.device)
             if target_kl is not None and past_target_kl(self._reduce(kl), target_kl):  # a collective only with a target
                 opt.zero_grad()
@@ -196,14 +195,18 @@ class EPOModule(L.LightningModule):
         return {name: value * algo.mini_batches / ran for name, value in sums.items()}, steps
 
     def _accumulate(self, batch: RolloutBatch, targets: StepTargets, settings: ObjectiveSettings, rows: torch.Tensor,
-                    scale: float, sums: dict[str, float]) -> None:
+                    scale: float, sums: dict[str, float], old_entropy: torch.Tensor | None) -> None:
         """Backward of the micro-batch ``rows``, adding its terms to ``sums``; an empty one runs a zero-weight pass
-        on row 0 (:func:`rows_or_first`). A non-finite loss makes every gradient of the pass NaN, so that the
-        gradient-norm check skips the step on every rank (training/optim.py's ``clip_and_step``)."""
+        on row 0 (:func:`rows_or_first`). Given ``old_entropy`` (no optimizer step yet) it writes the rows' old
+        log-probs and entropies. A non-finite loss makes every gradient of the pass NaN, so that the gradient-norm
+        check skips the step on every rank (training/optim.py's ``clip_and_step``)."""
         weight, rows = (1.0 if len(rows) else 0.0), rows_or_first(rows)
         mb = batch.select(rows)
         sharing = self._sharing(mb)
         logprob, entropy = self._token_outputs(mb, sharing)
+        if old_entropy is not None and weight:
+            targets.old_logprobs[rows, : logprob.shape[1]] = logprob.detach()
+            old_entropy[rows, : entropy.shape[1]] = entropy.detach()
         values = self.critic(mb.input_ids, mb.attention_mask, sharing) if self.critic is not None else None
         loss, terms = epo_objective(logprob, entropy, values, targets.select(rows, mb.input_ids.shape[1]), settings)
         poison = torch.where(torch.isfinite(loss.detach()), 1.0, float("nan"))  # 1, or NaN for a non-finite loss

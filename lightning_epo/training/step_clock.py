@@ -1,7 +1,8 @@
 """Where an RL step's time goes: seconds per part, the update's model FLOPs and the machine's matmul peak.
 
 One RL step's parts (DESIGN.md's ``perf/*`` rows): the rollout (``perf/gen_s`` + ``perf/env_s`` + prompt building),
-the old-policy pass (``perf/old_logprob_s``, with a critic ``perf/values_s``, with a KL reference
+the old-policy pass (``perf/old_logprob_s``, absent where the update's own forward gave the old policy's outputs
+(training/micro_batches.py's ``on_policy_rows``), with a critic ``perf/values_s``, with a KL reference
 ``perf/ref_logprob_s``), the update (``perf/update_s``), the weight push (``perf/weight_sync_s``) and the checkpoint
 (``perf/checkpoint_s``); ``perf/step_s`` is the whole step, measured on its own, so the parts can be checked to add
 up to it. An evaluation is timed on its own (``perf/eval_s``). On CUDA each part ends with a synchronisation: the
@@ -136,9 +137,10 @@ def step_line(step: int, seconds: dict[str, float], peak: float) -> str:
         return seconds.get(f"perf/{part}_s", 0.0)
 
     old = {label: s(part) for part, label in PART_LABELS.items() if f"perf/{part}_s" in seconds}
-    parts = [
-        f"rollout {s('rollout'):.1f} s (gen {s('gen'):.1f}, env {s('env'):.1f})",
-        f"old policy {sum(old.values()):.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in old.items())})",
+    parts = [f"rollout {s('rollout'):.1f} s (gen {s('gen'):.1f}, env {s('env'):.1f})"]
+    if old:  # none where the update's own forward gave the old policy's outputs (an on-policy GRPO step)
+        parts.append(f"old policy {sum(old.values()):.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in old.items())})")
+    parts += [
         f"update {s('update'):.1f} s at {_rate(flops_per_s)} ({100 * flops_per_s / peak:.0f} % of the matmul peak, "
         f"{_rate(peak)})",
         f"weight push {s('weight_sync'):.2f} s",

@@ -21,6 +21,14 @@ class StepInputs:
     entropy_ref: float | None = None  # H̄: the mean of the entropy window (None while it is empty, k = 0)
     window_len: int | None = None  # how many past steps H̄ averages (0 at k = 0)
 
+    def required(self, smoothing: bool, algo_name: str) -> "StepInputs":
+        """These inputs, where an algorithm that ``smoothing`` (Eq. 6) has them from both callbacks; else the error
+        (train.py refuses such a run at start: this guards a module driven by other code)."""
+        if smoothing and (self.beta is None or self.window_len is None):
+            raise RuntimeError(f"algo {algo_name} smooths entropy (Eq. 6) but no entropy window / beta_k schedule ran: "
+                               "use callbacks=default (EntropyWindow and BetaSchedule)")
+        return self
+
 
 @dataclass(frozen=True)
 class StepReport:

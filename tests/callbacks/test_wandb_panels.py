@@ -23,15 +23,16 @@ EVERY_STEP = [
     "entropy/early_turns", "entropy/late_turns", "entropy/early_tokens", "entropy/late_tokens",
     "ppo/clipfrac", "ppo/approx_kl",
     "perf/rollout_s", "perf/update_s", "perf/gen_tokens_per_s", "perf/env_steps_per_s",
-    "perf/gen_s", "perf/env_s", "perf/old_logprob_s", "perf/values_s", "perf/weight_sync_s", "perf/step_s",
+    "perf/gen_s", "perf/env_s", "perf/values_s", "perf/weight_sync_s", "perf/step_s",
     "perf/update_flops_per_s", "perf/update_peak_share",
 ]
 # ... only once the entropy window has an entry (k >= 1) ...
 FROM_STEP_ONE = ["epo/entropy_ref", "loss/smooth"]
 # ... after each evaluation (test_every=1) ...
 VALIDATION = ["val/iid/success", "val/ood/success", "val/iid/reward", "val/ood/reward", "perf/eval_s"]
-# ... and never without a reference model.
-ABSENT = ["loss/kl"]
+# ... and never: without a reference model no KL; with one mini-batch the update's own forward gives the old
+# policy's log-probs (training/micro_batches.py's on_policy_rows), so the actor has no old-policy pass to time.
+ABSENT = ["loss/kl", "perf/old_logprob_s", "perf/ref_logprob_s"]
 
 
 @pytest.fixture

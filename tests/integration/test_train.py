@@ -109,9 +109,11 @@ def test_an_evaluation_before_fit_hands_its_engine_and_environments_to_fit(compo
 
 def test_the_parts_of_an_rl_step_add_up_to_the_step_and_are_said_in_its_line(compose_cfg, tmp_path, caplog):
     """perf/step_s is timed whole; the rollout, the old-policy passes (log-probs, values, reference), the update, the
-    weight push and the checkpoint are timed on their own and add up to it (the rest is Lightning's own loop)."""
+    weight push and the checkpoint are timed on their own and add up to it (the rest is Lightning's own loop). Two
+    mini-batches, so that the old-policy pass has log-probs to compute (those of the second's rows)."""
     caplog.set_level("INFO", logger="lightning_epo.training.module")
-    run(compose_cfg(*FAST, "algo=ppo_epo", "algo.kl_coef=0.01", "test_every=1", "callbacks.checkpoint.every_n_rl_steps=1"))
+    run(compose_cfg(*FAST, "algo=ppo_epo", "algo.kl_coef=0.01", "algo.mini_batches=2", "test_every=1",
+                    "callbacks.checkpoint.every_n_rl_steps=1"))
     rows = list(csv.DictReader((tmp_path / "run" / "csv" / "metrics.csv").open()))
     steps = [{k: float(v) for k, v in row.items() if v} for row in rows if row.get("perf/step_s")]
     assert len(steps) == 2

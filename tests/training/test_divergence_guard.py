@@ -93,7 +93,9 @@ def test_a_run_that_diverges_before_any_checkpoint_says_so(compose_cfg, tmp_path
 
 
 class NanEntropyFrom(L.Callback):
-    """Makes the old-policy pass (no grad) return NaN token entropies from RL step ``step`` on."""
+    """Makes the actor's token entropies NaN from RL step ``step`` on: those of the old-policy pass (no grad) and of
+    the update's forward, which gives the old policy's entropies of the rows it reaches before its first optimizer
+    step (training/micro_batches.py's ``on_policy_rows``)."""
 
     def __init__(self, step: int, monkeypatch) -> None:
         self.step, self.on = step, False
@@ -101,9 +103,7 @@ class NanEntropyFrom(L.Callback):
 
         def outputs(*args, **kwargs):
             logprob, entropy = real(*args, **kwargs)
-            if self.on and not torch.is_grad_enabled():
-                entropy = torch.full_like(entropy, float("nan"))
-            return logprob, entropy
+            return logprob, torch.full_like(entropy, float("nan")) if self.on else entropy
 
         monkeypatch.setattr(module_lib, "actor_token_outputs", outputs)
 
@@ -111,10 +111,12 @@ class NanEntropyFrom(L.Callback):
         self.on = pl_module.rl_step >= self.step
 
 
-def test_non_finite_old_policy_entropies_never_reach_the_entropy_window(compose_cfg, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mini_batches", [1, 2])  # the update's forward gives every row's old entropies, or half
+def test_non_finite_old_policy_entropies_never_reach_the_entropy_window(compose_cfg, tmp_path, monkeypatch,
+                                                                         mini_batches):
     window = EntropyWindow()
-    with pytest.raises(TrainingDiverged, match="old-policy pass") as failure:
-        fit(compose_cfg, tmp_path, NanEntropyFrom(2, monkeypatch), window=window)
+    with pytest.raises(TrainingDiverged, match="the old policy gave") as failure:
+        fit(compose_cfg, tmp_path, NanEntropyFrom(2, monkeypatch), f"algo.mini_batches={mini_batches}", window=window)
     assert f"ckpt_path={tmp_path / 'ckpt' / 'last.ckpt'}" in str(failure.value)
     assert len(window.values) == 2 and all(math.isfinite(v) for v in window.values)
     assert_finite_checkpoint(tmp_path / "ckpt" / "last.ckpt", rl_step=2)

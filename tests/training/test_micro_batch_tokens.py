@@ -72,12 +72,12 @@ def test_old_policy_pass_gives_the_same_logprobs_entropies_and_values(compose_cf
     module.configure_model()
     monkeypatch.setattr(module, "_reduce", lambda t, op="sum": t)  # one process, no trainer
     batch = synthetic_batch(module.actor.config.vocab_size, seed=4, trajectories=8)
-    whole, real = module._old_policy_pass(batch), batch.attention_mask.bool()
+    whole, real = module._old_policy_pass(batch, torch.arange(0)), batch.attention_mask.bool()
     for budget in (12, 40):
         module.algo.micro_batch_tokens = budget
         (micro_batches,) = module._micro_batches(batch, [torch.arange(len(batch))])
         assert len(micro_batches) > 2
-        cut = module._old_policy_pass(batch)
+        cut = module._old_policy_pass(batch, torch.arange(0))
         assert whole.keys() == cut.keys() == {"old_logprobs", "entropy", "old_values", "ref_logprobs"}
         for name in whole:
             torch.testing.assert_close(cut[name][real], whole[name][real], atol=1e-6, rtol=1e-5, msg=name)

@@ -209,3 +209,32 @@ def test_evaluation_logs_the_episode_count_of_each_split_summed_over_its_batches
     batches = [batch("iid", 3), batch("iid", 2), batch("ood", 4)]
     (results,) = trainer.validate(module, DataLoader(batches, batch_size=None, collate_fn=lambda b: b), verbose=False)
     assert results["val/iid/episodes"] == 5.0 and results["val/ood/episodes"] == 4.0
+
+
+@pytest.mark.parametrize("mini_batches", [1, 2])
+@pytest.mark.parametrize("algo", ["ppo_epo", "grpo_epo", "sft"])
+def test_the_update_gives_the_old_policy_of_the_rows_it_reaches_before_its_first_optimizer_step(
+        compose_cfg, algo, mini_batches, monkeypatch):
+    """The first mini-batch's forward runs on the rollout's policy, so its detached log-probs and entropies are the
+    old policy's: the old-policy pass leaves those rows to it (every row with one mini-batch, the default: no actor
+    pass at all), with the same parameters, losses, entropy panels and entropy window as the pass over every row."""
+    import lightning_epo.training.micro_batches as micro_batches
+
+    base = [f"algo={algo}", "algo.ppo_epochs=2", f"algo.mini_batches={mini_batches}", "optim.warmup_ratio=0",
+            "optim.optimizer._target_=torch.optim.SGD", "~optim.optimizer.betas", "~optim.optimizer.weight_decay",
+            "optim.actor_lr=0.05", "optim.critic_lr=0.05", "optim.grad_clip=1e9", "total_steps=2"]  # SGD: no Adam
+    # normalisation to blow float32 rounding up into whole steps
+    batches = [synthetic_batch(500, seed=1), synthetic_batch(500, seed=2)]  # step 2 has an entropy window (EPO)
+    left, left_trainer = fit_one_step(compose_cfg(*base), batches)
+    monkeypatch.setattr(micro_batches, "on_policy_rows", lambda minis, shaped: minis[0][0][:0])  # the pass does all
+    passed, passed_trainer = fit_one_step(compose_cfg(*base), batches)
+    assert ("old_logprob" in left.clock.seconds) == (mini_batches > 1) and "old_logprob" in passed.clock.seconds
+    for name, value in params(passed).items():
+        torch.testing.assert_close(params(left)[name], value, atol=1e-6, rtol=1e-5, msg=name)
+    metrics = {k: float(v) for k, v in passed_trainer.callback_metrics.items() if k.split("/")[0] in ("loss", "entropy")}
+    assert any(k.startswith("entropy/") for k in metrics) and "loss/policy" in metrics
+    for name, value in metrics.items():
+        assert float(left_trainer.callback_metrics[name]) == pytest.approx(value, abs=1e-5), name
+    (window,), (passed_window,) = ([c for c in t.callbacks if isinstance(c, EntropyWindow)]
+                                   for t in (left_trainer, passed_trainer))
+    assert window.values == pytest.approx(passed_window.values, abs=1e-6) and len(window.values) == 2

@@ -52,7 +52,7 @@ def test_old_policy_pass_gives_the_same_logprobs_entropies_values_and_reference(
         module.configure_model()
         monkeypatch.setattr(module, "_reduce", lambda t, op="sum": t)  # one process, no trainer
         batch = prefixed_batch(module.actor.config.vocab_size, seed=4)
-        outputs.append(module._old_policy_pass(batch))
+        outputs.append(module._old_policy_pass(batch, torch.arange(0)))
     (plain, shared), real = outputs, batch.attention_mask.bool()
     assert ("fold" not in sharing) or (folded and min(folded) > 0)  # every micro-batch had rows to fold
     assert plain.keys() == shared.keys() == {"old_logprobs", "entropy", "old_values", "ref_logprobs"}

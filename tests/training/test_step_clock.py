@@ -52,3 +52,11 @@ def test_the_step_line_names_every_part_present():
     line = step_line(3, seconds, peak=100e9)
     assert line == ("step 3 took 10.0 s: rollout 4.0 s (gen 3.0, env 0.5), old policy 1.5 s (log-probs 1.0, values 0.5), "
                     "update 4.0 s at 50.0 GFLOP/s (50 % of the matmul peak, 100.0 GFLOP/s), weight push 0.01 s")
+
+
+def test_the_step_line_leaves_out_an_old_policy_pass_that_did_not_run():
+    """An on-policy GRPO step without KL has no old-policy pass (the update's forward gives its outputs)."""
+    seconds = {"perf/step_s": 6.0, "perf/rollout_s": 2.0, "perf/gen_s": 1.5, "perf/env_s": 0.5, "perf/update_s": 4.0,
+               "perf/weight_sync_s": 0.01, "perf/update_flops_per_s": 50e9}
+    line = step_line(0, seconds, peak=100e9)
+    assert "old policy" not in line and line.startswith("step 0 took 6.0 s: rollout 2.0 s (gen 1.5, env 0.5), update 4.0 s")
