@@ -6,7 +6,9 @@ log-probs, values, reference, update, weight push; lightning_epo/training/step_c
 step timed whole. Process start and model loading are not part of a step and are not counted; no evaluation runs.
 
 - ``plain``: every exact speed switch off (``algo.micro_batch_tokens=null algo.micro_batch_size=16
-  model.shared_prefix=false model.fold_turns=false``), float32: the defaults until 2026-11-25;
+  model.shared_prefix=false model.fold_turns=false``), float32: the defaults until 2026-11-25, but for the old-policy
+  pass, which since 2026-11-26 leaves the actor's outputs of the first mini-batch to the update's own forward in
+  every arm (exact, not a switch: RESULTS.md section 8 measures it against the code before);
 - ``defaults``: the configuration as shipped (for the two recipes' models: micro-batches cut by a 4096-token budget,
   the rows' common prompt prefix computed once, earlier turns read from later ones): the same values and gradients
   to float32 rounding (tests/training/test_shared_prefix_update.py, tests/training/test_micro_batch_tokens.py);
