@@ -69,7 +69,8 @@ def test_a_full_ppo_checkpoint_resumed_with_lora_or_without_its_critic_names_the
                            f"hydra.run.dir={tmp_path / 'cli'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert [line for line in done.stderr.splitlines() if line.strip()][-1] == f"error: {grpo}"
-    assert time.monotonic() - start < 15
+    assert "Seed set to" not in (tmp_path / "cli" / "train.log").read_text()  # before the run built anything
+    assert time.monotonic() - start < 60  # the imports alone take ~15 s on a busy 2-core machine
 
 
 def test_a_checkpoint_that_records_no_settings_is_left_to_the_loader(compose_cfg, tmp_path):
