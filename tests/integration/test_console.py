@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.test_cli import refused_before_the_run_began
+
 REPO = Path(__file__).resolve().parents[2]
 # The default run (experiment=quickstart, logger=wandb) cut short: three evaluations (val_at_start's, then after RL
 # steps 1 and 2) on tiny batches.
@@ -77,3 +79,4 @@ def test_the_run_ends_with_its_results_and_where_its_files_are(console):
     assert last[3] == f"checkpoint: {run_dir / 'checkpoints' / 'last.ckpt'}", last
     assert last[4] == f"figures: python -m lightning_epo.reports.plot {run_dir} --out {run_dir / 'figures'}", last
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert not refused_before_the_run_began(run_dir)  # the marker the start-time refusal tests look for
