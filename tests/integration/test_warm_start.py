@@ -104,3 +104,14 @@ def test_the_stage_logs_where_the_run_logs(compose_cfg, experiment, tmp_path):
     a key) while the run the user started wrote csv."""
     cfg = compose_cfg(f"experiment={experiment}")
     assert "logger=csv" in stage_overrides(cfg.warm_start, [f"experiment={experiment}", "logger=csv"], tmp_path)
+
+
+@pytest.mark.parametrize("experiment", ["gridworld_learn", "smollm2_gridworld", "smollm2_alfworld"])
+def test_the_stage_trains_on_the_prompts_the_run_plays(compose_cfg, experiment, tmp_path):
+    """The warm start's prompts are the RL stage's (environment, history window, think instruction): an experiment
+    that shortens its prompts must shorten its stage's too, or RL starts from a policy trained on other prompts."""
+    cfg = compose_cfg(f"experiment={experiment}")
+    stage = compose_cfg(*stage_overrides(cfg.warm_start, [f"experiment={experiment}"], tmp_path))
+    prompt = OmegaConf.to_container(cfg.data.collector.prompt, resolve=True)
+    assert OmegaConf.to_container(stage.data.collector.prompt, resolve=True) == prompt
+    assert stage.model.max_prompt_tokens == cfg.model.max_prompt_tokens
