@@ -5,8 +5,10 @@
       overrides: [total_steps=200]       # ... with these overrides ...
       inherit: [seed, env, model, torch_threads, logger]   # ... and the command line's overrides of these keys
 
-``python train.py experiment=gridworld_learn env.suite.size=7 seed=3`` runs the stage as
-``python train.py experiment=gridworld_sft env.suite.size=7 seed=3 total_steps=200`` in ``RUN_DIR/warm_start``
+The stage also takes the run's prompt settings (``PROMPT_SETTINGS``), whether the experiment or the command line
+set them: it trains on the prompts RL will play. ``python train.py experiment=gridworld_learn env.suite.size=7
+seed=3`` runs the stage as ``python train.py experiment=gridworld_sft env.suite.size=7 seed=3
+env.history_length=2 rollout.think=false model.max_prompt_tokens=2048 total_steps=200`` in ``RUN_DIR/warm_start``
 (own checkpoints, logs and wandb run), which exports its final actor to ``RUN_DIR/warm_start/policy``; the RL
 run then loads its actor, its critic's backbone and its reference model from there. Running the command again
 on the same run directory (``hydra.run.dir=RUN_DIR``, e.g. to resume) reuses the exported policy, and an
@@ -18,6 +20,7 @@ One process only: with several ranks run the two stages as two commands (``expor
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -27,7 +30,7 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightning_epo.core import layout
 from lightning_epo.core.errors import ConfigError, UserError
@@ -36,6 +39,7 @@ from lightning_epo.runtime.config import CONF_DIR
 
 log = logging.getLogger(__name__)
 STAGE_DIR = layout.WARM_START
+PROMPT_SETTINGS = ("env.history_length", "rollout.think", "model.max_prompt_tokens")  # what data.collector's prompts read
 
 
 def override_key(override: str) -> str:
@@ -49,13 +53,20 @@ def command_line_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
-def stage_overrides(warm_start: DictConfig, user_overrides: Sequence[str], stage_dir: Path) -> list[str]:
-    """The overrides that compose the stage's config, in order (later ones win)."""
+def prompt_overrides(cfg: DictConfig) -> list[str]:
+    """The run's prompt settings as overrides: ``["env.history_length=0", "rollout.think=false", ...]``."""
+    return [f"{key}={json.dumps(OmegaConf.select(cfg, key))}" for key in PROMPT_SETTINGS]
+
+
+def stage_overrides(cfg: DictConfig, user_overrides: Sequence[str], stage_dir: Path) -> list[str]:
+    """The overrides that compose the stage's config for the run ``cfg``, in order (later ones win)."""
+    warm_start = cfg.warm_start
     inherited = [o for o in user_overrides if override_key(o) in set(warm_start.inherit)]
     resume = ["ckpt_path=last"] if (stage_dir / layout.CHECKPOINTS / layout.LAST_CHECKPOINT).is_file() else []
     return [
         f"experiment={warm_start.experiment}",
         *inherited,
+        *prompt_overrides(cfg),
         *warm_start.overrides,
         f"run_dir={stage_dir}",
         "export_policy=true",
@@ -87,7 +98,7 @@ def run_warm_start(cfg: DictConfig, user_overrides: Sequence[str], run_stage: Ca
     if (policy / "config.json").is_file():
         log.info("warm start: reusing the policy in %s", policy)
         return policy
-    overrides = stage_overrides(cfg.warm_start, user_overrides, stage_dir)
+    overrides = stage_overrides(cfg, user_overrides, stage_dir)
     log.info("warm start: python train.py %s", " ".join(scrub_secrets(overrides)))  # the stage runs with the secrets
     run_stage(_compose(overrides))
     if not (policy / "config.json").is_file():

@@ -41,14 +41,17 @@ def test_override_key_is_the_top_level_key(override, key):
 
 
 def test_stage_inherits_only_the_listed_keys_and_resumes_its_own_checkpoint(tmp_path):
-    warm_start = OmegaConf.create({"experiment": "gridworld_sft", "overrides": ["total_steps=7"], "inherit": ["seed", "env"]})
+    cfg = OmegaConf.create({
+        "warm_start": {"experiment": "gridworld_sft", "overrides": ["total_steps=7"], "inherit": ["seed", "env"]},
+        "env": {"history_length": 0}, "rollout": {"think": False}, "model": {"max_prompt_tokens": 512},
+    })
     user = ["experiment=gridworld_learn", "seed=3", "env.suite.size=7", "optim.actor_lr=0", "algo=grpo_epo"]
-    fresh = stage_overrides(warm_start, user, tmp_path)
-    assert fresh == ["experiment=gridworld_sft", "seed=3", "env.suite.size=7", "total_steps=7", f"run_dir={tmp_path}",
-                     "export_policy=true"]
+    fresh = stage_overrides(cfg, user, tmp_path)
+    assert fresh == ["experiment=gridworld_sft", "seed=3", "env.suite.size=7", "env.history_length=0", "rollout.think=false",
+                     "model.max_prompt_tokens=512", "total_steps=7", f"run_dir={tmp_path}", "export_policy=true"]
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.ckpt").touch()
-    assert stage_overrides(warm_start, user, tmp_path)[-1] == "ckpt_path=last"
+    assert stage_overrides(cfg, user, tmp_path)[-1] == "ckpt_path=last"
 
 
 def test_export_policy_writes_the_final_actor_only_for_a_completed_run(compose_cfg, tmp_path):
@@ -103,7 +106,7 @@ def test_the_stage_logs_where_the_run_logs(compose_cfg, experiment, tmp_path):
     """``logger=csv`` on the command line reaches the warm start too: its stage used to log to wandb (offline without
     a key) while the run the user started wrote csv."""
     cfg = compose_cfg(f"experiment={experiment}")
-    assert "logger=csv" in stage_overrides(cfg.warm_start, [f"experiment={experiment}", "logger=csv"], tmp_path)
+    assert "logger=csv" in stage_overrides(cfg, [f"experiment={experiment}", "logger=csv"], tmp_path)
 
 
 @pytest.mark.parametrize("experiment", ["gridworld_learn", "smollm2_gridworld", "smollm2_alfworld"])
@@ -111,7 +114,7 @@ def test_the_stage_trains_on_the_prompts_the_run_plays(compose_cfg, experiment, 
     """The warm start's prompts are the RL stage's (environment, history window, think instruction): an experiment
     that shortens its prompts must shorten its stage's too, or RL starts from a policy trained on other prompts."""
     cfg = compose_cfg(f"experiment={experiment}")
-    stage = compose_cfg(*stage_overrides(cfg.warm_start, [f"experiment={experiment}"], tmp_path))
+    stage = compose_cfg(*stage_overrides(cfg, [f"experiment={experiment}"], tmp_path))
     prompt = OmegaConf.to_container(cfg.data.collector.prompt, resolve=True)
     assert OmegaConf.to_container(stage.data.collector.prompt, resolve=True) == prompt
     assert stage.model.max_prompt_tokens == cfg.model.max_prompt_tokens
