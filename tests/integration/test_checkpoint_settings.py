@@ -15,7 +15,7 @@ from lightning_epo.core.errors import ConfigError
 from lightning_epo.runtime.run import run
 from lightning_epo.runtime.state_settings import check_checkpoint_settings, state_settings
 from lightning_epo.training import module
-from tests.integration.test_cli import refused_before_the_run_began
+from tests.integration.train_command import refused_before_the_run_began
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = ["debug=fast", "logger=csv", "~callbacks.progress_bar", "test_every=1000", "total_steps=2", "stop_at_step=1",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_cli import refused_before_the_run_began
+from tests.integration.train_command import refused_before_the_run_began
 
 REPO = Path(__file__).resolve().parents[2]
 # The default run (experiment=quickstart, logger=wandb) cut short: three evaluations (val_at_start's, then after RL

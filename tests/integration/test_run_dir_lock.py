@@ -12,7 +12,7 @@ import pytest
 
 from lightning_epo.runtime.run import run
 from lightning_epo.runtime.run_dir_lock import LOCK
-from tests.integration.test_cli import last_line, train
+from tests.integration.train_command import last_line, train
 
 FAST = ["debug=fast", "logger=csv", "~callbacks.progress_bar", "test_every=1000"]
 

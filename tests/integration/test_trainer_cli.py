@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 import torch
 
-from tests.integration.test_cli import last_line, train
+from tests.integration.train_command import last_line, train
 
 
 @pytest.mark.skipif(

@@ -12,7 +12,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from lightning_epo.runtime.run import run
 from lightning_epo.training.checkpoint_io import AtomicCheckpointIO, is_intact
-from tests.integration.test_cli import last_line, train
+from tests.integration.train_command import last_line, train
 from tests.integration.test_exact_resume import FAST, logged
 
 
