@@ -16,11 +16,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from lightning_epo.core.errors import TrainingDiverged
 from lightning_epo.models.shards import is_sharded
 from lightning_epo.models.weights import gathered_copy
 from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams, stop_token_ids
+
+KeyValues = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys and values [rows, kv heads, positions, head dim]
 
 
 class HFEngine(GenerationEngine):
@@ -85,39 +88,49 @@ class HFEngine(GenerationEngine):
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _prefix_cache(self, prefix: list[int], rows: int) -> Any:
-        """The KV cache of ``prefix``, computed once and repeated for ``rows`` rows: the chunk's prompts share their
-        leading tokens (chat template, system prompt, instruction), which the prefill then reads once, not per row
-        (vLLM's prefix caching, inside one call)."""
+    def _prefix_cache(self, prefix: list[int]) -> KeyValues:
+        """The keys and values ``[1, H, len(prefix), D]`` of every layer for ``prefix``: the chunk's prompts share
+        their leading tokens (chat template, system prompt, instruction), which the prefill then reads once, not per
+        row (vLLM's prefix caching, inside one call)."""
         ids = torch.tensor([prefix], device=self._device())
         cache = self.model(input_ids=ids, use_cache=True, logits_to_keep=1).past_key_values
-        cache.batch_repeat_interleave(rows)
-        return cache
+        return [(layer.keys, layer.values) for layer in cache.layers]
 
-    def _prefill(self, prompts: list[list[int]], stop: torch.Tensor) -> tuple[Any, torch.Tensor, torch.Tensor]:
-        """The forward of ``prompts``: their shared prefix's cache, then each row's own tokens left-padded after it.
-        Returns the model's output (last position's logits, KV cache), the attention mask and the position ids."""
+    def _prefill(self, prompts: list[list[int]], stop: torch.Tensor) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+        """The forward of ``prompts`` after their shared prefix's cache, in buckets of rows of similar length
+        (:func:`length_buckets`: a pad token costs what a prompt token costs, and an ALFWorld chunk's prompts differ by
+        hundreds of tokens), then one KV cache for the decoding steps, each row ``[prefix | pads | own tokens]``.
+        Returns the last position's logits ``[n, V]``, that cache and its attention mask ``[n, shared + width]``."""
         device = stop.device
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else int(stop[0])
         shared = common_prefix_length(prompts)
-        cache = self._prefix_cache(prompts[0][:shared], len(prompts)) if shared else None
-        width = max(len(p) for p in prompts) - shared
-        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
-        own_mask = torch.zeros_like(input_ids)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) + shared :] = torch.tensor(prompt[shared:], device=device)
-            own_mask[row, width - len(prompt) + shared :] = 1
-        position_ids = shared + (own_mask.cumsum(-1) - 1).clamp(min=0)
-        attention_mask = torch.cat([own_mask.new_ones(len(prompts), shared), own_mask], dim=1)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return out, attention_mask, position_ids
+        prefix = self._prefix_cache(prompts[0][:shared]) if shared else None
+        own = [len(p) - shared for p in prompts]
+        width = max(own)
+        buckets = length_buckets(own)
+        logits, layers = [], []
+        for bucket in buckets:
+            bucket_width = own[bucket[0]]
+            input_ids = torch.full((len(bucket), bucket_width), pad_id, dtype=torch.long, device=device)
+            for i, row in enumerate(bucket):
+                input_ids[i, bucket_width - own[row] :] = torch.tensor(prompts[row][shared:], device=device)
+            own_mask = _right_aligned_mask([own[row] for row in bucket], bucket_width, device)
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=torch.cat([own_mask.new_ones(len(bucket), shared), own_mask], dim=1),
+                position_ids=shared + (own_mask.cumsum(-1) - 1).clamp(min=0),
+                past_key_values=_repeated(prefix, len(bucket)),
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            logits.append(out.logits[:, -1])
+            layers.append([(_pad_after(layer.keys, shared, width - bucket_width),
+                            _pad_after(layer.values, shared, width - bucket_width)) for layer in out.past_key_values.layers])
+        rows = torch.argsort(torch.tensor([row for bucket in buckets for row in bucket], device=device))  # prompt order
+        cache = DynamicCache([(torch.cat([k for k, _ in buckets_kv])[rows], torch.cat([v for _, v in buckets_kv])[rows])
+                              for buckets_kv in zip(*layers)])  # per layer: every bucket's keys and values
+        own_mask = _right_aligned_mask(own, width, device)
+        return torch.cat(logits)[rows], cache, torch.cat([own_mask.new_ones(len(prompts), shared), own_mask], dim=1)
 
     def _generate_chunk(
         self, prompts: list[list[int]], sampling: SamplingParams, stop: torch.Tensor
@@ -127,17 +140,16 @@ class HFEngine(GenerationEngine):
         are repeated for the rows that share it, and every row samples its own tokens, one per step until it stops."""
         device = stop.device
         distinct, row_of = distinct_prompts(prompts)
-        out, attention_mask, position_ids = self._prefill(distinct, stop)
-        logits = out.logits
+        logits, cache, attention_mask = self._prefill(distinct, stop)
         if len(distinct) < len(prompts):  # copies to make; all distinct (an evaluation) keeps the cache as it is
             rows = torch.tensor(row_of, device=device)
-            out.past_key_values.reorder_cache(rows)
-            logits, attention_mask, position_ids = logits[rows], attention_mask[rows], position_ids[rows]
-        next_position = position_ids[:, -1:] + 1
+            cache.reorder_cache(rows)
+            logits, attention_mask = logits[rows], attention_mask[rows]
+        next_position = torch.tensor([[len(p)] for p in prompts], device=device)
         finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
         tokens, logprobs = [], []
         for step in range(sampling.max_new_tokens):
-            token, logprob = _pick(logits[:, -1].float(), sampling)
+            token, logprob = _pick(logits.float(), sampling)
             tokens.append(token)
             logprobs.append(logprob)
             finished |= torch.isin(token, stop)
@@ -148,12 +160,48 @@ class HFEngine(GenerationEngine):
                 input_ids=token[:, None],
                 attention_mask=attention_mask,
                 position_ids=next_position,
-                past_key_values=out.past_key_values,
+                past_key_values=cache,
                 use_cache=True,
             )
-            logits = out.logits
+            logits = out.logits[:, -1]
             next_position = next_position + 1
         return _cut_at_stop(torch.stack(tokens, 1).tolist(), torch.stack(logprobs, 1).tolist(), set(stop.tolist()))
+
+
+def length_buckets(lengths: list[int], max_padding: float = 0.1) -> list[list[int]]:
+    """Row indices in buckets for padded forwards, longest rows first: a row joins the open bucket while padding the
+    bucket's rows to its longest adds at most ``max_padding`` of their own tokens, else it opens the next one.
+    Equal lengths (a gridworld turn's prompts) make one bucket; ``[500, 100, 480, 120, 900]`` -> ``[[4], [0, 2], [3, 1]]``."""
+    buckets: list[list[int]] = []
+    for row in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if buckets:
+            bucket = buckets[-1]
+            tokens = sum(lengths[i] for i in bucket) + lengths[row]
+            if lengths[bucket[0]] * (len(bucket) + 1) <= (1 + max_padding) * tokens:
+                bucket.append(row)
+                continue
+        buckets.append([row])
+    return buckets
+
+
+def _right_aligned_mask(lengths: list[int], width: int, device: torch.device) -> torch.Tensor:
+    """``[n, width]``: 1 on each row's last ``lengths[row]`` positions (its tokens, left-padded), else 0."""
+    return (torch.arange(width, device=device) >= width - torch.tensor(lengths, device=device)[:, None]).long()
+
+
+def _repeated(prefix: KeyValues | None, rows: int) -> DynamicCache | None:
+    """A cache holding ``prefix``'s keys and values for ``rows`` rows (views; the forward appends to copies)."""
+    if prefix is None:
+        return None
+    return DynamicCache([(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in prefix])
+
+
+def _pad_after(states: torch.Tensor, shared: int, pads: int) -> torch.Tensor:
+    """``states [n, H, shared + own, D]`` with ``pads`` zero positions inserted after the first ``shared``."""
+    if not pads:
+        return states
+    gap = states.new_zeros(*states.shape[:2], pads, states.shape[-1])
+    return torch.cat([states[:, :, :shared], gap, states[:, :, shared:]], dim=2)
 
 
 def distinct_prompts(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:

@@ -9,7 +9,7 @@ import torch
 
 from lightning_epo.core.errors import TrainingDiverged
 from lightning_epo.rollout.engine import SamplingParams
-from lightning_epo.rollout.hf_engine import HFEngine, _top_p_filter
+from lightning_epo.rollout.hf_engine import HFEngine, _top_p_filter, length_buckets
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)
 
@@ -204,8 +204,10 @@ def test_a_prefix_every_prompt_shares_is_computed_once_with_the_same_logprobs(to
         generations = HFEngine(tokenizer, model).generate(prompts, SamplingParams(temperature, 1.0, 8))
     finally:
         hook.remove()
-    prefill = read[0] + read[1]  # the shared prefix once, then every row's own part (left-padded)
-    assert prefill == shared + len(prompts) * (max(len(p) for p in prompts) - shared)
+    own = sorted(len(p) - shared for p in prompts)
+    assert own[0] * 2 < own[-1]  # lengths far apart: no two rows share a padded forward
+    prefill = [n for n in read if n != len(prompts)]  # the decoding steps read one token a row
+    assert prefill == [shared, *own[::-1]]  # the shared prefix once, then each row's own tokens, no padding
     for prompt, generation in zip(prompts, generations):
         expected = _scored_logprobs(model, prompt, generation.token_ids, temperature)
         torch.testing.assert_close(torch.tensor(generation.logprobs), expected, atol=1e-4, rtol=0)
@@ -226,8 +228,37 @@ def test_identical_prompts_are_prefilled_once_and_sampled_apart(tokenizer, model
         generations = HFEngine(tokenizer, model).generate(prompts, SamplingParams(1.0, 1.0, 12))
     finally:
         hook.remove()
-    assert read[0] + read[1] == shared + 2 * (max(len(first), len(second)) - shared)  # two distinct prompts
+    prefill = [n for n in read if n != len(prompts)]
+    assert sum(prefill) == shared + len(first) - shared + len(second) - shared  # two distinct prompts, no padding
     assert len({tuple(generations[i].token_ids) for i in (0, 2, 3)}) > 1  # the copies sample apart
     for prompt, generation in zip(prompts, generations):
         expected = _scored_logprobs(model, prompt, generation.token_ids, 1.0)
+        torch.testing.assert_close(torch.tensor(generation.logprobs), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "lengths,buckets",
+    [
+        ([500, 100, 480, 120, 900], [[4], [0, 2], [3, 1]]),  # longest first; 100 joins 120 (20 pads of 220 tokens)
+        ([156] * 4, [[0, 1, 2, 3]]),                          # equal lengths: one forward, no padding
+        ([10, 1], [[0], [1]]),
+    ],
+)
+def test_rows_are_prefilled_in_buckets_of_similar_length(lengths, buckets):
+    assert length_buckets(lengths, max_padding=0.1) == buckets
+    for bucket in length_buckets(lengths, max_padding=0.1):
+        padded = max(lengths[i] for i in bucket) * len(bucket)
+        assert padded <= 1.1 * sum(lengths[i] for i in bucket)
+
+
+def test_prompts_of_very_different_lengths_sample_as_each_alone(tokenizer, model, shared_prefix_prompts):
+    """Rows prefilled in different buckets, then decoded together in one batch: the same greedy ids and
+    log-probs as each prompt alone."""
+    prompts = [shared_prefix_prompts[1], shared_prefix_prompts[2], shared_prefix_prompts[1] + shared_prefix_prompts[0]]
+    engine = HFEngine(tokenizer, model)
+    together = engine.generate(prompts, GREEDY)
+    alone = [engine.generate([p], GREEDY)[0] for p in prompts]
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    for prompt, generation in zip(prompts, together):
+        expected = _scored_logprobs(model, prompt, generation.token_ids, 0.0)
         torch.testing.assert_close(torch.tensor(generation.logprobs), expected, atol=1e-4, rtol=0)
