@@ -38,7 +38,8 @@ from lightning_epo.rollout.prompts import PromptBuilder, chat_token_ids
 def first_turn_prompts(tokenizer: AutoTokenizer, env: str, groups: int, group_size: int) -> list[list[int]]:
     """Token ids of ``groups`` tasks' first-turn prompts, each ``group_size`` times in a row."""
     if env == "gridworld":
-        suite, tasks = GridworldSuite(), GridworldSuite().tasks("train")[:groups]
+        suite = GridworldSuite()
+        tasks = suite.tasks("train")[:groups]
     else:
         suite = AlfWorldSuite()
         tasks = validation_sample(suite.tasks("iid"), groups, seed=0)

@@ -109,8 +109,8 @@ class HFEngine(GenerationEngine):
         width = max(own)
         buckets = length_buckets(own)
         logits, layers = [], []
-        for bucket in buckets:
-            bucket_width = own[bucket[0]]
+        for bucket in map(sorted, buckets):  # a bucket's rows in prompt order: one bucket needs no reordering
+            bucket_width = max(own[row] for row in bucket)
             input_ids = torch.full((len(bucket), bucket_width), pad_id, dtype=torch.long, device=device)
             for i, row in enumerate(bucket):
                 input_ids[i, bucket_width - own[row] :] = torch.tensor(prompts[row][shared:], device=device)
@@ -126,11 +126,14 @@ class HFEngine(GenerationEngine):
             logits.append(out.logits[:, -1])
             layers.append([(_pad_after(layer.keys, shared, width - bucket_width),
                             _pad_after(layer.values, shared, width - bucket_width)) for layer in out.past_key_values.layers])
-        rows = torch.argsort(torch.tensor([row for bucket in buckets for row in bucket], device=device))  # prompt order
-        cache = DynamicCache([(torch.cat([k for k, _ in buckets_kv])[rows], torch.cat([v for _, v in buckets_kv])[rows])
-                              for buckets_kv in zip(*layers)])  # per layer: every bucket's keys and values
         own_mask = _right_aligned_mask(own, width, device)
-        return torch.cat(logits)[rows], cache, torch.cat([own_mask.new_ones(len(prompts), shared), own_mask], dim=1)
+        attention_mask = torch.cat([own_mask.new_ones(len(prompts), shared), own_mask], dim=1)
+        if len(buckets) == 1:  # equal lengths (a gridworld turn): the forward's own cache, not a copy of it
+            return logits[0], out.past_key_values, attention_mask
+        rows = torch.argsort(torch.tensor([row for bucket in buckets for row in sorted(bucket)], device=device))
+        cache = DynamicCache([(torch.cat([k for k, _ in buckets_kv])[rows], torch.cat([v for _, v in buckets_kv])[rows])
+                              for buckets_kv in zip(*layers)])  # per layer: every bucket's keys and values, prompt order
+        return torch.cat(logits)[rows], cache, attention_mask
 
     def _generate_chunk(
         self, prompts: list[list[int]], sampling: SamplingParams, stop: torch.Tensor

@@ -262,3 +262,15 @@ def test_prompts_of_very_different_lengths_sample_as_each_alone(tokenizer, model
     for prompt, generation in zip(prompts, together):
         expected = _scored_logprobs(model, prompt, generation.token_ids, 0.0)
         torch.testing.assert_close(torch.tensor(generation.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_prompts_of_nearly_equal_lengths_share_one_forward_in_their_order(tokenizer, model, shared_prefix_prompts):
+    """Rows within the bucket's padding bound (here the shorter one first) are prefilled in one forward and keep
+    their order: each samples as it would alone."""
+    long = shared_prefix_prompts[1]
+    prompts = [long[:-1], long + long[-1:]]  # lengths n - 1 and n + 1
+    assert length_buckets([len(p) for p in prompts]) == [[1, 0]]
+    engine = HFEngine(tokenizer, model)
+    together = engine.generate(prompts, GREEDY)
+    alone = [engine.generate([p], GREEDY)[0] for p in prompts]
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
