@@ -7,11 +7,14 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lightning_epo.training.checkpoint_io import EVALUATED_AT
+
 
 class RLStepCheckpoint(ModelCheckpoint):
     """A ModelCheckpoint that saves ``last.ckpt`` (and a periodic ``step=K.ckpt``) after every
     ``every_n_rl_steps`` completed RL steps, at a ``stop_at_step`` stop, after the step in which a preemption
-    signal arrived (``trainer.received_sigterm``, see :mod:`lightning_epo.runtime.preemption`), and at the end of training.
+    signal arrived (``trainer.received_sigterm``, see :mod:`lightning_epo.runtime.preemption`), again after the
+    evaluation that follows a saved step (recording it), and at the end of training.
 
     A fresh run in a directory that already holds checkpoints overwrites them (no ``last-v1.ckpt``), so
     ``ckpt_path=last`` always resumes the newest run of that directory."""
@@ -24,6 +27,7 @@ class RLStepCheckpoint(ModelCheckpoint):
         kwargs.setdefault("enable_version_counter", False)
         super().__init__(every_n_train_steps=0, every_n_epochs=0, save_on_train_epoch_end=False, **kwargs)
         self.every_n_rl_steps = every_n_rl_steps
+        self.evaluated_at = -1  # the RL steps done at this process's last finished evaluation (-1: none)
 
     def _save(self, trainer: L.Trainer) -> None:
         with trainer.lightning_module.clock.part("checkpoint"):
@@ -43,7 +47,24 @@ class RLStepCheckpoint(ModelCheckpoint):
         if pl_module.rl_step % self.every_n_rl_steps == 0 or trainer.should_stop or preempted:
             self._save(trainer)
 
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Record a finished evaluation; where it follows a step whose checkpoint is written, write that again, so
+        that a run resumed from it does not play the evaluation again (training/checkpoint_io.py's
+        ``unfinished_evaluation``)."""
+        if trainer.sanity_checking:
+            return
+        self.evaluated_at = pl_module.rl_step
+        if trainer.state.fn == "fit" and self._last_global_step_saved == trainer.global_step:
+            self._save(trainer)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        checkpoint[EVALUATED_AT] = self.evaluated_at
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._last_global_step_saved != trainer.global_step:
+        """Save a run that ends between checkpoints, and a run that has trained its ``total_steps`` even where its
+        last step's checkpoint is written: only this one records the run as finished (its epoch completed), which a
+        resume reads (lightning_epo/runtime/config.py's ``check_resume``)."""
+        finished = pl_module.rl_step >= pl_module.hparams.total_steps
+        if finished or self._last_global_step_saved != trainer.global_step:
             self._save(trainer)
 

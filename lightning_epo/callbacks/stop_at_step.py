@@ -9,7 +9,11 @@ import lightning as L
 
 class StopAtStep(L.Callback):
     """Sets ``trainer.should_stop`` once the module has completed ``stop_at_step`` RL steps (None: never).
-    The schedules keep using ``total_steps``; RLStepCheckpoint saves ``last.ckpt`` at that step."""
+    The schedules keep using ``total_steps``; RLStepCheckpoint saves ``last.ckpt`` at that step.
+
+    Lightning 2.6 validates whenever ``should_stop`` is set (it is EarlyStopping's signal), whatever
+    ``val_check_interval`` says: a stop after a step that ``test_every`` evaluates after keeps its evaluation, any
+    other stop turns validation off (``limit_val_batches=0``) for the rest of the trainer's life, which ends there."""
 
     def __init__(self, stop_at_step: int | None = None) -> None:
         self.stop_at_step = stop_at_step
@@ -17,3 +21,6 @@ class StopAtStep(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.stop_at_step is not None and pl_module.rl_step >= self.stop_at_step:
             trainer.should_stop = True
+            every = trainer.val_check_batch  # test_every (conf/trainer: val_check_interval)
+            if not every or pl_module.rl_step % every:
+                trainer.limit_val_batches = 0

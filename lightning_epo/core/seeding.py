@@ -8,6 +8,9 @@ the TaskSampler draws tasks. Consequences:
   restoring generator states instead would not survive what runs between a save and the next step
   (a validation, a new dataloader iterator, each of which draws from torch's generator);
 - changing ``test_every`` never changes the training trajectory (evaluation draws cannot shift it);
+- an evaluation draws from streams of its own, a pure function of ``(seed, k, split, r)`` after k RL steps, and
+  leaves the training's as they were (:func:`evaluation_seeded`): a run resumed into an evaluation it did not
+  finish plays the one an uninterrupted run plays (tests/integration/test_resume_evaluation.py);
 - ranks sample different responses (the rank is part of the seed).
 """
 
@@ -22,18 +25,23 @@ import numpy as np
 import torch
 
 
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """A 63-bit seed for RL step ``step`` on rank ``rank`` (stable across Python processes and versions)."""
-    digest = hashlib.sha256(f"lightning-epo/{seed}/{step}/{rank}".encode()).digest()
+def step_seed(seed: int, step: int, rank: int, stream: str = "") -> int:
+    """A 63-bit seed for RL step ``step`` on rank ``rank`` (stable across Python processes and versions); a named
+    ``stream`` (an evaluation's) gets seeds of its own."""
+    digest = hashlib.sha256(f"lightning-epo/{stream}{seed}/{step}/{rank}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
+
+
+def _seed_generators(value: int) -> None:
+    """Seed ``random``, NumPy and torch (all devices) with ``value``."""
+    random.seed(value)
+    np.random.seed(value % 2**32)
+    torch.manual_seed(value)
 
 
 def seed_rl_step(seed: int, step: int, rank: int) -> None:
     """Seed ``random``, NumPy and torch (all devices) for RL step ``step`` on rank ``rank``."""
-    value = step_seed(seed, step, rank)
-    random.seed(value)
-    np.random.seed(value % 2**32)
-    torch.manual_seed(value)
+    _seed_generators(step_seed(seed, step, rank))
 
 
 @contextmanager
@@ -51,3 +59,12 @@ def global_rng_kept() -> Iterator[None]:
         finally:
             random.setstate(py_state)
             np.random.set_state(np_state)
+
+
+@contextmanager
+def evaluation_seeded(seed: int, step: int, split: str, rank: int) -> Iterator[None]:
+    """Seed the generators for the evaluation of ``split`` after ``step`` RL steps on rank ``rank``, and give the
+    process back the states it had (:func:`global_rng_kept`)."""
+    with global_rng_kept():
+        _seed_generators(step_seed(seed, step, rank, stream=f"eval/{split}/"))
+        yield

@@ -14,6 +14,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from lightning_epo.core.seeding import evaluation_seeded
 from lightning_epo.envs.base import EnvPool, Task, TaskSuite
 from lightning_epo.models.loading import load_tokenizer
 from lightning_epo.rollout.batch import RolloutBatch, collate_episodes
@@ -247,7 +248,8 @@ class RolloutDataModule(L.LightningDataModule):
         tasks = tasks[rank::world]
         start = time.perf_counter()
         self._bind_weights_once()
-        episodes = self.val_collector.collect(tasks, list(range(len(tasks))), self.val_sampling).episodes
+        with evaluation_seeded(self.seed, self.sampler.step, split, rank):
+            episodes = self.val_collector.collect(tasks, list(range(len(tasks))), self.val_sampling).episodes
         self.val_engine.release_memory()
         return EvalBatch(split, episodes, wall_s=time.perf_counter() - start)
 

@@ -20,6 +20,7 @@ from lightning_epo.runtime.resolvers import register_resolvers
 from lightning_epo.runtime.run_dir_lock import RunDirLock
 from lightning_epo.runtime.state_settings import check_checkpoint_settings, state_settings
 from lightning_epo.runtime.warm_start import command_line_overrides, run_warm_start, start_from
+from lightning_epo.training.checkpoint_io import unfinished_evaluation
 
 log = logging.getLogger(__name__)
 register_resolvers()  # ${run_id:...} and ${run_config:} in the configs
@@ -73,9 +74,14 @@ def _train_or_evaluate(cfg: DictConfig, run_dir: Path, overrides: list[str] | No
                 (run_dir / layout.EVAL).write_text(json.dumps(metrics, indent=2, sort_keys=True))
                 log.info("wrote %s", run_dir / layout.EVAL)
             return metrics
-        if cfg.val_at_start and ckpt_path is None:
+        unfinished = unfinished_evaluation(Path(ckpt_path), cfg.test_every) if ckpt_path is not None else None
+        if unfinished is not None:
+            log.info("the evaluation after %d RL steps did not finish before the run stopped: playing it first",
+                     unfinished)
+        if (cfg.val_at_start and ckpt_path is None) or unfinished is not None:
             datamodule.fit_follows = True  # fit reuses the evaluation's engines and environments
-            trainer.validate(module, datamodule=datamodule, verbose=False)  # SuccessReport logs its line, no table
+            trainer.validate(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True,
+                             verbose=False)  # SuccessReport logs its line, no table
             datamodule.fit_follows = False
         # weights_only passed, not left to torch's default, which TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 turns off
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)

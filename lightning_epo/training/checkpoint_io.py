@@ -14,6 +14,10 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 
+# the RL steps done at the last evaluation that finished before the checkpoint was written (callbacks/checkpoint.py)
+EVALUATED_AT = "evaluated_at"
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's ``torch.save`` checkpoints, written atomically: to a temporary file in the same directory,
     flushed and fsynced, then renamed over the target (``os.replace``). A full disk, a crash or a kill mid-write
@@ -106,6 +110,22 @@ def recorded_state_settings(path: Path) -> dict[str, Any] | None:
         return _read(part).get("state_settings") if part is not None else None
     except pickle.UnpicklingError:
         return None
+
+
+def unfinished_evaluation(path: Path, every: int) -> int | None:
+    """The RL steps K of the checkpoint at ``path`` when the evaluation due after them (K a multiple of ``every``,
+    ``test_every``) did not finish: the run stopped in it (a crash, a kill, a preemption). The checkpoint was written
+    at step K's end, before the evaluation, and Lightning resumes from it past the evaluation. None otherwise (and
+    for a finished run, whose last evaluation ran before its last checkpoint). A checkpoint that records no
+    evaluation (:data:`EVALUATED_AT`, written before it was recorded) counts as unevaluated."""
+    part = _lightning_part(path)
+    try:
+        checkpoint = _read(part) if part is not None else {}
+    except pickle.UnpicklingError:  # a DeepSpeed directory whose states a safe load refuses: its loader decides
+        return None
+    steps = checkpoint.get("rl_state", {}).get("rl_step", 0)
+    due = steps > 0 and steps % every == 0 and finished_steps(checkpoint) is None
+    return steps if due and checkpoint.get(EVALUATED_AT, -1) < steps else None
 
 
 def reopen_finished_run(checkpoint: dict[str, Any]) -> None:

@@ -39,6 +39,14 @@ class EvalMetrics(torch.nn.ModuleDict):
         return {**{f"val/{split}/{name}": self[f"{split}_{name}"] for name in VAL_METRICS},
                 EVAL_EPISODES.format(split=split): self[f"{split}_episodes"]}
 
+    def closing(self, rl_step: int, logged: bool) -> dict[str, float]:
+        """What the evaluation after ``rl_step`` RL steps logs at its end: ``perf/eval_s`` (every split's collection
+        time on this rank: ranks play their shares at once) and, where loggers write it (``logged``), the ``step``
+        it is logged at: the index of the RL step it follows (0 before the first), Lightning's own for an evaluation
+        inside ``fit``, which an evaluation that a resumed run plays before ``fit`` (lightning_epo/runtime/run.py)
+        must be given (Lightning's count restarts at 0 there)."""
+        return {"perf/eval_s": self.seconds} | ({"step": float(max(rl_step - 1, 0))} if logged else {})
+
     def restart(self, device: torch.device) -> None:
         """Fresh states for the next evaluation, made in its grad mode (a ``trainer.validate`` before ``fit`` leaves
         inference-mode tensors that fit's validation could not update in place) on ``device`` (ZeRO-3 moves only the

@@ -303,8 +303,8 @@ class EPOModule(L.LightningModule):
             self.log(name, metric, on_step=False, on_epoch=True, add_dataloader_idx=False)
 
     def on_validation_epoch_end(self) -> None:
-        """Log the evaluation's collection time (every split's, this rank's: ranks play their shares at once)."""
-        self.log("perf/eval_s", self.val_metrics.seconds, on_step=False, on_epoch=True, batch_size=1)
+        """Log the evaluation's collection time and, with loggers, its step (:meth:`EvalMetrics.closing`)."""
+        self.log_dict(self.val_metrics.closing(self.rl_step, bool(self.loggers)), on_epoch=True, batch_size=1)
 
     # ----------------------------------------------------------------- checkpoint state
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

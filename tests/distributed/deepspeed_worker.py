@@ -16,6 +16,8 @@ Every DeepSpeed job of the tests, in one launch (process start-up dominates on a
 - ``validated``: one step of the same after an evaluation before fit (``val_at_start=true``), and ``mode=eval`` of
   ``full``'s checkpoint; each run's actor forward hooks at the start of fit in ``OUT_DIR/<run>-hooks-rank<r>.txt``,
   the evaluated actor's weights in ``OUT_DIR/evaluated-actor.pt``.
+- ``died``: two steps of the same, evaluated after each (``test_every=1``), the run dying in the evaluation after
+  its first step, then resumed with ``ckpt_path=last``: the evaluation it did not finish plays before fit.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import lightning_epo.training.module as module_lib
 from lightning_epo.models.weights import hf_weights
 from lightning_epo.training.strategies import deepspeed_strategy
 from tests.distributed.ddp_worker import SGD, compose_cfg, train_fixed
+from tests.integration.test_resume_evaluation import CRASH
 from tests.training.test_nonfinite_guard import PoisonFrom, nan_loss_objective
 
 STRATEGIES = ("ddp", "zero2", "zero3")
@@ -108,6 +111,14 @@ def main(model_dir: str, out_dir: str) -> None:
     run(compose_cfg(model_dir, f"{out_dir}/resumed", *RESUME, "ckpt_path=last"))
     validated = [*RESUME, "val_at_start=true", "total_steps=1", *count_hooks(out_dir, "validated")]
     run(compose_cfg(model_dir, f"{out_dir}/validated", *validated))
+    died = [*RESUME, "test_every=1", "total_steps=2", "callbacks.checkpoint.every_n_rl_steps=1"]
+    try:
+        run(compose_cfg(model_dir, f"{out_dir}/died", *died, f"+callbacks.crash._target_={CRASH}",
+                        "+callbacks.crash.at_step=1"))
+        raise AssertionError("the run did not die in its evaluation")
+    except RuntimeError as error:
+        assert "a crash in the evaluation" in str(error), error
+    run(compose_cfg(model_dir, f"{out_dir}/died", *died, "ckpt_path=last", *count_hooks(out_dir, "died")))
     weights = f"+callbacks.weights._target_={__name__}.{ActorWeights.__name__}"
     run(compose_cfg(model_dir, f"{out_dir}/full", *RESUME, "mode=eval", "ckpt_path=last", weights,
                     f"+callbacks.weights.path={out_dir}/evaluated-actor.pt"))

@@ -127,6 +127,18 @@ def test_evaluation_before_fit_leaves_one_engine_on_the_model(ds_outputs):
     assert any(row.get("loss/total") for row in rows)
 
 
+def test_a_zero3_run_that_died_in_an_evaluation_plays_it_before_fit_when_resumed(ds_outputs):
+    """ZeRO-3, a run dead in the evaluation after its first step (test_every=1) and resumed: the evaluation plays
+    from the sharded checkpoint before fit (``trainer.validate`` with it), fit then trains the second step on one
+    engine's hooks, and both evaluations are logged, at the steps of the RL steps they follow (0 and 1)."""
+    for rank in (0, 1):
+        plain = int((ds_outputs / f"full-hooks-rank{rank}.txt").read_text())
+        assert int((ds_outputs / f"died-hooks-rank{rank}.txt").read_text()) == plain
+    rows = list(csv.DictReader((ds_outputs / "died" / "csv" / "metrics.csv").open()))
+    assert sorted({row["step"] for row in rows if row.get("val/iid/success")}) == ["0", "1"]
+    assert sorted({row["step"] for row in rows if row.get("loss/total")}) == ["0", "1"]
+
+
 def test_mode_eval_of_a_zero3_checkpoint_evaluates_its_weights(ds_outputs):
     """``mode=eval ckpt_path=last`` on a ZeRO-3 run loads its sharded checkpoint into DeepSpeed's inference engine
     (on CPU, at the rank's own device index): the evaluated actor holds the checkpoint's trained weights, and

@@ -15,14 +15,14 @@ FAST = ["debug=fast", "logger=csv", "~callbacks.progress_bar", "test_every=1000"
 COMPARED = ("train/", "loss/", "epo/")  # perf/* are timings
 
 
-def logged(run_dir: Path) -> dict[int, dict[str, float]]:
-    """``metrics.csv`` of a run as ``{step: {metric: value}}`` (the last row wins for a step logged twice:
-    a resumed run appends to the file)."""
+def logged(run_dir: Path, compared: tuple[str, ...] = COMPARED) -> dict[int, dict[str, float]]:
+    """``metrics.csv`` of a run as ``{step: {metric: value}}``, the metrics whose names start with ``compared`` (the
+    last row wins for a step logged twice: a resumed run appends to the file)."""
     rows: dict[int, dict[str, float]] = {}
     with open(run_dir / "csv" / "metrics.csv") as f:
         for row in csv.DictReader(f):
             step = int(row.pop("step"))
-            values = {k: float(v) for k, v in row.items() if v != "" and k.startswith(COMPARED)}
+            values = {k: float(v) for k, v in row.items() if v != "" and k.startswith(compared)}
             rows.setdefault(step, {}).update(values)
     return rows
 
