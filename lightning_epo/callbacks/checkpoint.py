@@ -46,6 +46,11 @@ class RLStepCheckpoint(ModelCheckpoint):
         preempted = trainer.strategy.reduce_boolean_decision(trainer.received_sigterm, all=False)
         if pl_module.rl_step % self.every_n_rl_steps == 0 or trainer.should_stop or preempted:
             self._save(trainer)
+        if preempted and pl_module.rl_step < pl_module.hparams.total_steps:
+            # Lightning would play an evaluation due now before it stops (its first split: minutes to an hour of
+            # episodes, past a job's grace period); the resumed run plays it first (runtime/run.py). After the last
+            # step the evaluation runs: a finished run's checkpoint counts as evaluated.
+            trainer.limit_val_batches = 0
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Record a finished evaluation; where it follows a step whose checkpoint is written, write that again, so

@@ -4,17 +4,20 @@
 from __future__ import annotations
 
 import csv
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import lightning as L
 import pytest
 import torch
 
 from lightning_epo.runtime.run import run
-from tests.integration.test_exact_resume import FAST, logged
+from tests.integration.test_exact_resume import COMPARED, FAST, logged
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 8
@@ -22,10 +25,10 @@ STEPS = 8
 ARGS = [o for o in FAST if not o.startswith("total_steps=")] + [f"total_steps={STEPS}"]
 
 
-def start_train(tiny_model_path: str, run_dir: Path, *overrides: str) -> subprocess.Popen:
-    """``python train.py`` with the fast settings in ``run_dir`` (checkpoints every 5 RL steps, as shipped)."""
+def start_train(tiny_model_path: str, run_dir: Path, *overrides: str, args: list[str] = ARGS) -> subprocess.Popen:
+    """``python train.py`` with the fast settings ``args`` in ``run_dir`` (checkpoints every 5 RL steps, as shipped)."""
     return subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), "~experiment", f"model.name_or_path={tiny_model_path}", *ARGS,
+        [sys.executable, str(REPO / "train.py"), "~experiment", f"model.name_or_path={tiny_model_path}", *args,
          "+logger.flush_logs_every_n_steps=1", f"hydra.run.dir={run_dir}", *overrides],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
@@ -78,6 +81,46 @@ def test_sigterm_saves_the_last_completed_step_exits_143_and_resumes_exactly(tin
         assert split[step].keys() == values.keys(), step
         for name, value in values.items():
             assert split[step][name] == pytest.approx(value, rel=1e-6, abs=1e-9), (step, name)
+
+
+class SigtermInStep(L.Callback):
+    """Sends the process SIGTERM as its RL step ``at_step`` (0-based) starts, as a cluster may at any moment."""
+
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if pl_module.rl_step == self.at_step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_run_preempted_before_an_evaluation_stops_without_it_and_plays_it_when_resumed(tiny_model_path, compose_cfg,
+                                                                                          tmp_path):
+    """A SIGTERM in a step with an evaluation due after it (``test_every=1``): the run used to start the evaluation
+    (its first split's episodes, which can take longer than a job's grace period) before it stopped, and the resumed
+    run skipped it. Now it stops after the step's checkpoint, and the resumed run plays that evaluation first: every
+    evaluation and step logs what an uninterrupted run logs."""
+    every_step = [o for o in ARGS if not o.startswith(("test_every=", "total_steps="))] + ["test_every=1", "total_steps=4"]
+    run_dir = tmp_path / "preempted"
+    signal_at = ["+callbacks.term._target_=tests.integration.test_preemption.SigtermInStep", "+callbacks.term.at_step=2"]
+    process = start_train(tiny_model_path, run_dir, *signal_at, args=every_step)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == 3
+    assert "evaluation at RL step 2:" in output and "evaluation at RL step 3:" not in output, output[-3000:]
+
+    resumed = start_train(tiny_model_path, run_dir, "ckpt_path=last", args=every_step)
+    output, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, output[-3000:]
+    assert "the evaluation after 3 RL steps did not finish before the run stopped" in output, output[-3000:]
+    run(compose_cfg(*every_step, f"run_dir={tmp_path / 'whole'}"))
+    for compared in (COMPARED, ("val/",)):
+        whole, split = logged(tmp_path / "whole", compared), logged(run_dir, compared)
+        assert sorted(split) == sorted(whole) == [0, 1, 2, 3]
+        for step, values in whole.items():
+            assert split[step].keys() == values.keys(), step
+            for name, value in values.items():
+                assert split[step][name] == pytest.approx(value, rel=1e-6, abs=1e-9), (step, name)
 
 
 def test_ctrl_c_saves_the_last_completed_step_and_exits_130(tiny_model_path, tmp_path):
