@@ -27,6 +27,14 @@ def logged(run_dir: Path, compared: tuple[str, ...] = COMPARED) -> dict[int, dic
     return rows
 
 
+def assert_logged_alike(whole: dict[int, dict[str, float]], split: dict[int, dict[str, float]]) -> None:
+    """Every step of ``whole`` (:func:`logged`) logged the same metrics in ``split``, with the same values."""
+    for step, values in whole.items():
+        assert split[step].keys() == values.keys(), step
+        for name, value in values.items():
+            assert split[step][name] == pytest.approx(value, rel=1e-6, abs=1e-9), (step, name)
+
+
 def test_stop_and_resume_logs_the_same_values_as_one_run(compose_cfg, tmp_path):
     run(compose_cfg(*FAST, f"run_dir={tmp_path / 'whole'}"))
     run(compose_cfg(*FAST, "stop_at_step=3", f"run_dir={tmp_path / 'split'}"))
@@ -36,9 +44,7 @@ def test_stop_and_resume_logs_the_same_values_as_one_run(compose_cfg, tmp_path):
     assert set(range(6)) <= resumed.keys()  # Lightning's own CSVLogger deleted steps 0-2 on resume
     for step in range(6):
         assert {"train/reward", "loss/total"} <= whole[step].keys() and (step == 0 or "epo/entropy_ref" in whole[step])
-        assert resumed[step].keys() == whole[step].keys(), step
-        for name, value in whole[step].items():
-            assert resumed[step][name] == pytest.approx(value, rel=1e-6, abs=1e-9), (step, name)
+    assert_logged_alike({step: whole[step] for step in range(6)}, resumed)
 
 
 # schedules that do not depend on K: a constant lr (no warmup, minimum ratio 1) and no β_k (PPO without EPO)

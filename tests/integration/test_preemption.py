@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from lightning_epo.runtime.run import run
-from tests.integration.test_exact_resume import COMPARED, FAST, logged
+from tests.integration.test_exact_resume import COMPARED, FAST, assert_logged_alike, logged
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 8
@@ -77,10 +77,7 @@ def test_sigterm_saves_the_last_completed_step_exits_143_and_resumes_exactly(tin
     run(compose_cfg(*ARGS, f"run_dir={tmp_path / 'whole'}"))
     whole, split = logged(tmp_path / "whole"), logged(run_dir)
     assert whole.keys() == split.keys() == set(range(STEPS))
-    for step, values in whole.items():
-        assert split[step].keys() == values.keys(), step
-        for name, value in values.items():
-            assert split[step][name] == pytest.approx(value, rel=1e-6, abs=1e-9), (step, name)
+    assert_logged_alike(whole, split)
 
 
 class SigtermInStep(L.Callback):
@@ -117,10 +114,7 @@ def test_a_run_preempted_before_an_evaluation_stops_without_it_and_plays_it_when
     for compared in (COMPARED, ("val/",)):
         whole, split = logged(tmp_path / "whole", compared), logged(run_dir, compared)
         assert sorted(split) == sorted(whole) == [0, 1, 2, 3]
-        for step, values in whole.items():
-            assert split[step].keys() == values.keys(), step
-            for name, value in values.items():
-                assert split[step][name] == pytest.approx(value, rel=1e-6, abs=1e-9), (step, name)
+        assert_logged_alike(whole, split)
 
 
 def test_ctrl_c_saves_the_last_completed_step_and_exits_130(tiny_model_path, tmp_path):

@@ -11,7 +11,7 @@ import pytest
 
 from lightning_epo.core.errors import ConfigError
 from lightning_epo.runtime.run import run
-from tests.integration.test_exact_resume import COMPARED, FAST, logged
+from tests.integration.test_exact_resume import COMPARED, FAST, assert_logged_alike, logged
 
 EVERY_STEP = [o for o in FAST if not o.startswith(("total_steps=", "test_every="))] + [
     "test_every=2", "callbacks.checkpoint.every_n_rl_steps=1"]
@@ -46,15 +46,10 @@ def test_a_run_that_died_in_an_evaluation_plays_it_when_resumed(compose_cfg, tmp
     whole, split = evaluations(tmp_path / "whole"), evaluations(tmp_path / "split")
     assert sorted(whole) == [1, 3][: total_steps // 2]  # after RL steps 2 and 4: Lightning's steps 1 and 3
     assert sorted(split) == sorted(whole)
-    for step, values in whole.items():
-        assert split[step].keys() == values.keys(), step
-        for name, value in values.items():
-            assert split[step][name] == pytest.approx(value, rel=1e-6, abs=1e-9), (step, name)
+    assert_logged_alike(whole, split)
     trained, resumed = logged(tmp_path / "whole", COMPARED), logged(tmp_path / "split", COMPARED)
     assert sorted(resumed) == sorted(trained) == list(range(total_steps))
-    for step, values in trained.items():
-        for name, value in values.items():
-            assert resumed[step][name] == pytest.approx(value, rel=1e-6, abs=1e-9), (step, name)
+    assert_logged_alike(trained, resumed)
     with pytest.raises(ConfigError, match=f"finished its {total_steps} RL steps"):  # the evaluation is on record
         run(compose_cfg(*args, "ckpt_path=last", f"run_dir={tmp_path / 'split'}"))
 
