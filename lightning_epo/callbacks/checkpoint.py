@@ -55,11 +55,12 @@ class RLStepCheckpoint(ModelCheckpoint):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Record a finished evaluation; where it follows a step whose checkpoint is written, write that again, so
         that a run resumed from it does not play the evaluation again (training/checkpoint_io.py's
-        ``unfinished_evaluation``)."""
+        ``unfinished_evaluation``). After the last step the finished checkpoint follows (:meth:`on_train_end`)."""
         if trainer.sanity_checking:
             return
         self.evaluated_at = pl_module.rl_step
-        if trainer.state.fn == "fit" and self._last_global_step_saved == trainer.global_step:
+        mid_run = pl_module.rl_step < pl_module.hparams.total_steps
+        if trainer.state.fn == "fit" and mid_run and self._last_global_step_saved == trainer.global_step:
             self._save(trainer)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:

@@ -6,6 +6,8 @@ from typing import Any
 
 import lightning as L
 
+from lightning_epo.training.checkpoint_io import evaluation_due
+
 
 class StopAtStep(L.Callback):
     """Sets ``trainer.should_stop`` once the module has completed ``stop_at_step`` RL steps (None: never).
@@ -21,6 +23,5 @@ class StopAtStep(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.stop_at_step is not None and pl_module.rl_step >= self.stop_at_step:
             trainer.should_stop = True
-            every = trainer.val_check_batch  # test_every (conf/trainer: val_check_interval)
-            if not every or pl_module.rl_step % every:
+            if not evaluation_due(pl_module.rl_step, trainer.val_check_batch):  # conf/trainer: test_every
                 trainer.limit_val_batches = 0

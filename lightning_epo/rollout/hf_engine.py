@@ -107,9 +107,9 @@ class HFEngine(GenerationEngine):
         prefix = self._prefix_cache(prompts[0][:shared]) if shared else None
         own = [len(p) - shared for p in prompts]
         width = max(own)
-        buckets = length_buckets(own)
+        buckets = [sorted(bucket) for bucket in length_buckets(own)]  # rows in prompt order: one bucket needs no reordering
         logits, layers = [], []
-        for bucket in map(sorted, buckets):  # a bucket's rows in prompt order: one bucket needs no reordering
+        for bucket in buckets:
             bucket_width = max(own[row] for row in bucket)
             input_ids = torch.full((len(bucket), bucket_width), pad_id, dtype=torch.long, device=device)
             for i, row in enumerate(bucket):
@@ -130,7 +130,7 @@ class HFEngine(GenerationEngine):
         attention_mask = torch.cat([own_mask.new_ones(len(prompts), shared), own_mask], dim=1)
         if len(buckets) == 1:  # equal lengths (a gridworld turn): the forward's own cache, not a copy of it
             return logits[0], out.past_key_values, attention_mask
-        rows = torch.argsort(torch.tensor([row for bucket in buckets for row in sorted(bucket)], device=device))
+        rows = torch.argsort(torch.tensor([row for bucket in buckets for row in bucket], device=device))
         cache = DynamicCache([(torch.cat([k for k, _ in buckets_kv])[rows], torch.cat([v for _, v in buckets_kv])[rows])
                               for buckets_kv in zip(*layers)])  # per layer: every bucket's keys and values, prompt order
         return torch.cat(logits)[rows], cache, attention_mask

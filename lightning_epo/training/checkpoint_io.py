@@ -112,6 +112,12 @@ def recorded_state_settings(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def evaluation_due(steps: int, every: int) -> bool:
+    """Whether an evaluation follows RL step ``steps`` (counted from 1) in a run that evaluates every ``every`` steps
+    (``test_every``, Lightning's ``val_check_interval``; 0 or None: never)."""
+    return bool(every) and steps > 0 and steps % every == 0
+
+
 def unfinished_evaluation(path: Path, every: int) -> int | None:
     """The RL steps K of the checkpoint at ``path`` when the evaluation due after them (K a multiple of ``every``,
     ``test_every``) did not finish: the run stopped in it (a crash, a kill, a preemption). The checkpoint was written
@@ -124,7 +130,7 @@ def unfinished_evaluation(path: Path, every: int) -> int | None:
     except pickle.UnpicklingError:  # a DeepSpeed directory whose states a safe load refuses: its loader decides
         return None
     steps = checkpoint.get("rl_state", {}).get("rl_step", 0)
-    due = steps > 0 and steps % every == 0 and finished_steps(checkpoint) is None
+    due = evaluation_due(steps, every) and finished_steps(checkpoint) is None
     return steps if due and checkpoint.get(EVALUATED_AT, -1) < steps else None
 
 

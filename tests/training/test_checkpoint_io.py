@@ -11,9 +11,15 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from lightning_epo.runtime.run import run
-from lightning_epo.training.checkpoint_io import AtomicCheckpointIO, is_intact
+from lightning_epo.training.checkpoint_io import AtomicCheckpointIO, evaluation_due, is_intact
 from tests.integration.train_command import last_line, train
 from tests.integration.test_exact_resume import FAST, logged
+
+
+@pytest.mark.parametrize(("steps", "every", "due"), [(4, 2, True), (3, 2, False), (0, 2, False), (4, 0, False),
+                                                     (4, None, False), (1, 1, True)])
+def test_an_evaluation_is_due_after_the_steps_that_test_every_divides(steps, every, due):
+    assert evaluation_due(steps, every) is due
 
 
 def test_a_failed_write_leaves_the_previous_checkpoint_and_no_partial_file(tmp_path, monkeypatch):
