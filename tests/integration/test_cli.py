@@ -8,33 +8,56 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
+from omegaconf import DictConfig
 
+from lightning_epo.core.errors import UserError
+from lightning_epo.runtime.run import run
 from tests.integration.train_command import REPO, last_line, refused_before_the_run_began, train
 
+BAD_VALUES = [
+    (["total_steps=abc"], "total_steps must be an integer >= 1, got 'abc'"),
+    (["algo.epo.penalty=square"], "algo.epo.penalty='square' is not valid; choose one of: hinge, indicator"),
+    (["ckpt_path=/nonexistent/last.ckpt"], "ckpt_path '/nonexistent/last.ckpt' does not exist"),
+    (["stop_at_step=9", "total_steps=3"], "stop_at_step=9 is beyond total_steps=3"),
+    (["algo=grpo", "algo.critic=true"], "algo.critic=true is unused with algo.advantage=grpo"),
+    (["algo=ppo", "algo.epo.smoothing=true"], "algo.epo.smoothing=true has no effect"),
+    (["data.oversample=0"], "data.oversample must be an integer >= 1, got 0"),
+    (["data.oversample=1.5"], "data.oversample must be an integer >= 1, got 1.5"),
+    (["data.oversample=4", "algo.group_size=1"], "data.oversample=4 needs algo.group_size >= 2"),
+    (["optim.actor_lr=abc"], "optim.actor_lr must be a number >= 0"),
+    (["data.episodes_per_step=16", "algo.group_size=3"], "data.episodes_per_step=16 is not a multiple of"),
+    (["model.trust_remote_code='false'"], "model.trust_remote_code must be true or false (unquoted)"),
+]
 
-@pytest.mark.parametrize(
-    "args,expected",
-    [
-        (["total_steps=abc"], "error: total_steps must be an integer >= 1, got 'abc'"),
-        (["algo.epo.penalty=square"], "error: algo.epo.penalty='square' is not valid; choose one of: hinge, indicator"),
-        (["ckpt_path=/nonexistent/last.ckpt"], "error: ckpt_path '/nonexistent/last.ckpt' does not exist"),
-        (["stop_at_step=9", "total_steps=3"], "error: stop_at_step=9 is beyond total_steps=3"),
-        (["algo=grpo", "algo.critic=true"], "error: algo.critic=true is unused with algo.advantage=grpo"),
-        (["algo=ppo", "algo.epo.smoothing=true"], "error: algo.epo.smoothing=true has no effect"),
-        (["data.oversample=0"], "error: data.oversample must be an integer >= 1, got 0"),
-        (["data.oversample=1.5"], "error: data.oversample must be an integer >= 1, got 1.5"),
-        (["data.oversample=4", "algo.group_size=1"], "error: data.oversample=4 needs algo.group_size >= 2"),
-        (["optim.actor_lr=abc"], "error: optim.actor_lr must be a number >= 0"),
-        (["data.episodes_per_step=16", "algo.group_size=3"], "error: data.episodes_per_step=16 is not a multiple of"),
-        (["model.trust_remote_code='false'"], "error: model.trust_remote_code must be true or false (unquoted)"),
-    ],
-)
+
+def refused_at_start(cfg: DictConfig, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run ``cfg`` in this process (``run``, what ``train.py`` calls); the message of the user error it is refused
+    with before the run seeds itself (Lightning's ``seed_everything``, right before the data, module and trainer are
+    built, fails the test here). The command-line cases below show that ``train.py`` prints it as one line."""
+
+    def run_began(*args, **kwargs):
+        raise AssertionError("the run began: the refusal came too late")
+
+    monkeypatch.setattr(L, "seed_everything", run_began)
+    with pytest.raises(UserError) as refusal:
+        run(cfg)
+    return str(refusal.value)
+
+
+@pytest.mark.parametrize("args,expected", BAD_VALUES)
+def test_bad_values_are_refused_at_start_with_the_fix(compose_cfg, monkeypatch, args, expected):
+    assert refused_at_start(compose_cfg("experiment=quickstart", *args), monkeypatch).startswith(expected)
+
+
+@pytest.mark.parametrize("args,expected", [BAD_VALUES[0], BAD_VALUES[2]], ids=["config-value", "checkpoint-path"])
 def test_bad_values_fail_at_start_with_one_line(tmp_path, args, expected):
+    """The command as a user types it: one line, exit status 2, no stack trace, before the run began."""
     start = time.monotonic()
     result = train(*args, f"hydra.run.dir={tmp_path}")
     assert result.returncode == 2
-    assert last_line(result.stderr).startswith(expected)
+    assert last_line(result.stderr).startswith(f"error: {expected}")
     assert "Traceback" not in result.stderr
     assert refused_before_the_run_began(tmp_path) and time.monotonic() - start < 60
 
@@ -118,26 +141,37 @@ def test_a_torch_file_that_is_not_a_lightning_checkpoint_is_one_line(tmp_path):
 
 NO_LOGIN = {"WANDB_API_KEY": None, "WANDB_MODE": None, "NETRC": "{tmp}/netrc", "HOME": "{tmp}"}
 NO_HUB = {"HF_HUB_CACHE": "{tmp}/hub", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing cached, nothing listens
+LATE = [  # Issue 33: each of these failed in a traceback after the model was built, or trained doing nothing.
+    pytest.param(["model.attn_implementation=flash_attention_2"], {},
+                 "model.attn_implementation=flash_attention_2 needs ", id="flash-attn"),
+    pytest.param(["model.max_prompt_tokens=4"], {}, "model.max_prompt_tokens=4 cannot hold the prompt's fixed text",
+                 id="prompt-room"),
+    pytest.param(["env.eval_splits=[iid,iid]"], {}, "env.eval_splits lists iid twice", id="eval-splits"),
+    pytest.param(["trainer.precision=banana"], {}, "trainer.precision='banana' is not valid; choose one of: ",
+                 id="precision"),
+    pytest.param(["model.dtype=float16"], {}, "model.dtype=float16 cannot train on CPU", id="fp16-cpu"),
+    pytest.param(["algo=grpo", "algo.group_size=1"], {}, "algo.group_size=1 with algo.advantage=grpo",
+                 id="groups-of-one"),
+    pytest.param(["model.tiny.seed=5"], {}, "the tiny model at ", id="tiny-seed"),
+]
+# Read from the environment when the libraries are imported: only a fresh process shows them.
+LATE_IN_A_FRESH_PROCESS = [
+    pytest.param(["logger=wandb", "logger.offline=false"], NO_LOGIN,
+                 "logger=wandb with logger.offline=false needs a W&B login", id="wandb-login"),
+    pytest.param(["model=qwen2.5-3b"], NO_HUB,
+                 "model.name_or_path=Qwen/Qwen2.5-3B-Instruct is not in the Hugging Face cache", id="hub-offline"),
+]
 
 
-@pytest.mark.parametrize(
-    "args,env,expected",
-    [
-        (["model.attn_implementation=flash_attention_2"], {}, "model.attn_implementation=flash_attention_2 needs "),
-        (["model.max_prompt_tokens=4"], {}, "model.max_prompt_tokens=4 cannot hold the prompt's fixed text"),
-        (["env.eval_splits=[iid,iid]"], {}, "env.eval_splits lists iid twice"),
-        (["trainer.precision=banana"], {}, "trainer.precision='banana' is not valid; choose one of: "),
-        (["logger=wandb", "logger.offline=false"], NO_LOGIN, "logger=wandb with logger.offline=false needs a W&B login"),
-        (["model.dtype=float16"], {}, "model.dtype=float16 cannot train on CPU"),
-        (["model=qwen2.5-3b"], NO_HUB, "model.name_or_path=Qwen/Qwen2.5-3B-Instruct is not in the Hugging Face cache"),
-        (["algo=grpo", "algo.group_size=1"], {}, "algo.group_size=1 with algo.advantage=grpo"),
-        (["model.tiny.seed=5"], {}, "the tiny model at "),
-    ],
-    ids=["flash-attn", "prompt-room", "eval-splits", "precision", "wandb-login", "fp16-cpu", "hub-offline",
-         "groups-of-one", "tiny-seed"],
-)
+@pytest.mark.parametrize("args,env,expected", LATE)
+def test_what_used_to_fail_late_is_refused_at_start(compose_cfg, monkeypatch, args, env, expected):
+    assert refused_at_start(compose_cfg("debug=fast", *args), monkeypatch).startswith(expected)
+
+
+@pytest.mark.parametrize("args,env,expected", [LATE[0], *LATE_IN_A_FRESH_PROCESS])
 def test_what_used_to_fail_late_is_refused_at_start_in_one_line(tiny_model_path, tmp_path, args, env, expected):
-    """Issue 33: each of these failed in a traceback after the model was built, or trained doing nothing."""
+    """The command as a user types it, in an environment without a W&B login or a hub to reach where the case
+    needs one."""
     model = [] if any(a.startswith("model=") for a in args) else [f"model.name_or_path={tiny_model_path}"]
     changes = {name: value and value.format(tmp=tmp_path) for name, value in env.items()}
     run_env = {k: v for k, v in (os.environ | changes).items() if v is not None}
