@@ -142,20 +142,22 @@ def test_a_torch_file_that_is_not_a_lightning_checkpoint_is_one_line(tmp_path):
 NO_LOGIN = {"WANDB_API_KEY": None, "WANDB_MODE": None, "NETRC": "{tmp}/netrc", "HOME": "{tmp}"}
 NO_HUB = {"HF_HUB_CACHE": "{tmp}/hub", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing cached, nothing listens
 LATE = [  # Issue 33: each of these failed in a traceback after the model was built, or trained doing nothing.
+    pytest.param(["model.attn_implementation=flash_attention_2"], "model.attn_implementation=flash_attention_2 needs ",
+                 id="flash-attn"),
+    pytest.param(["model.max_prompt_tokens=4"], "model.max_prompt_tokens=4 cannot hold the prompt's fixed text",
+                 id="prompt-room"),
+    pytest.param(["env.eval_splits=[iid,iid]"], "env.eval_splits lists iid twice", id="eval-splits"),
+    pytest.param(["trainer.precision=banana"], "trainer.precision='banana' is not valid; choose one of: ",
+                 id="precision"),
+    pytest.param(["model.dtype=float16"], "model.dtype=float16 cannot train on CPU", id="fp16-cpu"),
+    pytest.param(["algo=grpo", "algo.group_size=1"], "algo.group_size=1 with algo.advantage=grpo", id="groups-of-one"),
+    pytest.param(["model.tiny.seed=5"], "the tiny model at ", id="tiny-seed"),
+]
+# On the command line: one case as it is, and the two read from the environment when the libraries are imported,
+# which only a fresh process shows.
+LATE_ON_THE_COMMAND_LINE = [
     pytest.param(["model.attn_implementation=flash_attention_2"], {},
                  "model.attn_implementation=flash_attention_2 needs ", id="flash-attn"),
-    pytest.param(["model.max_prompt_tokens=4"], {}, "model.max_prompt_tokens=4 cannot hold the prompt's fixed text",
-                 id="prompt-room"),
-    pytest.param(["env.eval_splits=[iid,iid]"], {}, "env.eval_splits lists iid twice", id="eval-splits"),
-    pytest.param(["trainer.precision=banana"], {}, "trainer.precision='banana' is not valid; choose one of: ",
-                 id="precision"),
-    pytest.param(["model.dtype=float16"], {}, "model.dtype=float16 cannot train on CPU", id="fp16-cpu"),
-    pytest.param(["algo=grpo", "algo.group_size=1"], {}, "algo.group_size=1 with algo.advantage=grpo",
-                 id="groups-of-one"),
-    pytest.param(["model.tiny.seed=5"], {}, "the tiny model at ", id="tiny-seed"),
-]
-# Read from the environment when the libraries are imported: only a fresh process shows them.
-LATE_IN_A_FRESH_PROCESS = [
     pytest.param(["logger=wandb", "logger.offline=false"], NO_LOGIN,
                  "logger=wandb with logger.offline=false needs a W&B login", id="wandb-login"),
     pytest.param(["model=qwen2.5-3b"], NO_HUB,
@@ -163,12 +165,12 @@ LATE_IN_A_FRESH_PROCESS = [
 ]
 
 
-@pytest.mark.parametrize("args,env,expected", LATE)
-def test_what_used_to_fail_late_is_refused_at_start(compose_cfg, monkeypatch, args, env, expected):
+@pytest.mark.parametrize("args,expected", LATE)
+def test_what_used_to_fail_late_is_refused_at_start(compose_cfg, monkeypatch, args, expected):
     assert refused_at_start(compose_cfg("debug=fast", *args), monkeypatch).startswith(expected)
 
 
-@pytest.mark.parametrize("args,env,expected", [LATE[0], *LATE_IN_A_FRESH_PROCESS])
+@pytest.mark.parametrize("args,env,expected", LATE_ON_THE_COMMAND_LINE)
 def test_what_used_to_fail_late_is_refused_at_start_in_one_line(tiny_model_path, tmp_path, args, env, expected):
     """The command as a user types it, in an environment without a W&B login or a hub to reach where the case
     needs one."""
