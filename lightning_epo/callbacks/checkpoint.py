@@ -7,14 +7,15 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_epo.training.checkpoint_io import EVALUATED_AT
+from lightning_epo.training.checkpoint_io import EVALUATED_AT, evaluation_due
 
 
 class RLStepCheckpoint(ModelCheckpoint):
     """A ModelCheckpoint that saves ``last.ckpt`` (and a periodic ``step=K.ckpt``) after every
     ``every_n_rl_steps`` completed RL steps, at a ``stop_at_step`` stop, after the step in which a preemption
-    signal arrived (``trainer.received_sigterm``, see :mod:`lightning_epo.runtime.preemption`), again after the
-    evaluation that follows a saved step (recording it), and at the end of training.
+    signal arrived (``trainer.received_sigterm``, see :mod:`lightning_epo.runtime.preemption`), before an
+    evaluation (``test_every``: a preemption inside it stops the run between two turns, and the resumed run plays it
+    from this step), again after that evaluation (recording it), and at the end of training.
 
     A fresh run in a directory that already holds checkpoints overwrites them (no ``last-v1.ckpt``), so
     ``ckpt_path=last`` always resumes the newest run of that directory."""
@@ -44,7 +45,8 @@ class RLStepCheckpoint(ModelCheckpoint):
             return
         # Any rank's signal: every rank saves (Lightning stops all of them before the next step).
         preempted = trainer.strategy.reduce_boolean_decision(trainer.received_sigterm, all=False)
-        if pl_module.rl_step % self.every_n_rl_steps == 0 or trainer.should_stop or preempted:
+        evaluates = evaluation_due(pl_module.rl_step, trainer.val_check_batch)  # conf/trainer: test_every
+        if pl_module.rl_step % self.every_n_rl_steps == 0 or trainer.should_stop or preempted or evaluates:
             self._save(trainer)
         if preempted and pl_module.rl_step < pl_module.hparams.total_steps:
             # Lightning would play an evaluation due now before it stops (its first split: minutes to an hour of

@@ -14,6 +14,10 @@ Per turn (DESIGN.md, "Environment contract" and "The episode record"):
 - the episode ends when the env says ``done``, at ``max_turns`` (``truncated``), or when the pool
   reports a failed worker (``truncated``, counted in ``env_failures``; that turn is still recorded).
 
+A caller may watch a collection (``on_turn``: after every turn, the episodes that ended in it, for a progress
+display) and stop it between two turns (``should_stop``: a preemption signal during an evaluation): it then raises
+:class:`CollectionStopped` and returns nothing, so no partial result exists.
+
 The history shown in prompts holds (observation seen, parsed action) pairs, as many as the prompt
 uses (``PromptBuilder.history_needed``); a turn without a parsed action enters it with an empty action
 ``''``, so the agent sees that its step did nothing.
@@ -26,7 +30,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from lightning_epo.core.errors import ConfigError
 from lightning_epo.envs.base import EnvPool, StepResult, Task
@@ -42,6 +46,10 @@ def fixed_prompt_tokens(prompt: PromptBuilder, tokenizer: Any) -> int:
     nothing (:data:`TRUNCATION_MARK`) and no action list. No prompt of ``prompt`` is shorter, however much
     :meth:`EpisodeCollector._prompt_ids` shortens it."""
     return len(prompt.token_ids(tokenizer, prompt.text("", TRUNCATION_MARK, None, [], 0)))
+
+
+class CollectionStopped(RuntimeError):
+    """``collect`` stopped between two turns because its ``should_stop`` said so; its episodes are discarded."""
 
 
 @dataclass
@@ -96,26 +104,43 @@ class EpisodeCollector:
         self.max_prompt_tokens = max_prompt_tokens
 
     def collect(
-        self, tasks: list[Task], group_ids: list[int], sampling: SamplingParams, first_traj_id: int = 0
+        self,
+        tasks: list[Task],
+        group_ids: list[int],
+        sampling: SamplingParams,
+        first_traj_id: int = 0,
+        on_turn: Callable[[list[Episode]], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> Rollout:
-        """Play one episode per task; episode ``i`` gets ``traj_id = first_traj_id + i`` and ``group_ids[i]``."""
+        """Play one episode per task; episode ``i`` gets ``traj_id = first_traj_id + i`` and ``group_ids[i]``.
+        ``on_turn`` is called after every turn with the episodes that ended since the last call (a failed reset's
+        included); ``should_stop`` is asked before every turn, and a True raises :class:`CollectionStopped`."""
         if len(tasks) != len(group_ids):
             raise ValueError(f"collect got {len(tasks)} tasks but {len(group_ids)} group ids; pass one per task")
         stats = dict(env_s=0.0, gen_s=0.0, gen_tokens=0.0, env_steps=0.0, env_failures=0.0)
         episodes: list[Episode | None] = [None] * len(tasks)
         waiting = deque(range(len(tasks)))
         running: list[_Running] = []
+        ended: list[int] = []  # indices of the episodes that ended since the last on_turn
         while waiting or running:
+            if should_stop is not None and should_stop():
+                done = sum(episode is not None for episode in episodes)
+                raise CollectionStopped(f"stopped after {done} of {len(tasks)} episodes")
             free = sorted(set(range(self.pool.size)) - {r.slot for r in running})
             starts = [(slot, waiting.popleft()) for slot in free[: len(waiting)]]
             if starts:
                 running.extend(self._start(starts, tasks, group_ids, first_traj_id, episodes, stats))
+                ended.extend(index for _, index in starts if episodes[index] is not None)  # a failed reset
             if running:
                 self._turn(running, sampling, stats)
                 for run in running:
                     if run.ended:
                         episodes[run.index] = run.episode
+                        ended.append(run.index)
                 running = [r for r in running if not r.ended]
+            if on_turn is not None:
+                on_turn([episodes[index] for index in ended])
+            ended.clear()
         return Rollout(episodes=list(episodes), stats=stats)
 
     def _start(

@@ -20,6 +20,7 @@ from lightning_epo.models.loading import load_tokenizer
 from lightning_epo.rollout.batch import RolloutBatch, collate_episodes
 from lightning_epo.rollout.collector import EpisodeCollector
 from lightning_epo.rollout.engine import GenerationEngine, SamplingParams
+from lightning_epo.rollout.eval_progress import EvalProgress
 from lightning_epo.rollout.group_filter import keep_mixed_groups
 from lightning_epo.rollout.progress_log import rollout_done_line, rollout_stats
 
@@ -158,6 +159,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.val_collector: EpisodeCollector | None = None
         self.policy: Callable[[], torch.nn.Module] | None = None  # the actor, handed over by callbacks.WeightSync
         self._weights_bound = False
+        # called with an EvalProgress after each evaluation turn that ended episodes (the progress bar registers at setup)
+        self.eval_listeners: list[Callable[[EvalProgress], None]] = []
         self.fit_follows = False  # the next trainer.validate is followed by fit: keep engines and environments open
 
     def setup(self, stage: str) -> None:
@@ -248,10 +251,20 @@ class RolloutDataModule(L.LightningDataModule):
         tasks = tasks[rank::world]
         start = time.perf_counter()
         self._bind_weights_once()
+        progress = EvalProgress(split, len(tasks), self.sampler.step, self.eval_listeners if rank == 0 else [],
+                                log_every_s=30.0 if rank == 0 else float("inf"))
         with evaluation_seeded(self.seed, self.sampler.step, split, rank):
-            episodes = self.val_collector.collect(tasks, list(range(len(tasks))), self.val_sampling).episodes
+            episodes = self.val_collector.collect(
+                tasks, list(range(len(tasks))), self.val_sampling, on_turn=progress.turn_done,
+                should_stop=self._preempted,
+            ).episodes
         self.val_engine.release_memory()
         return EvalBatch(split, episodes, wall_s=time.perf_counter() - start)
+
+    def _preempted(self) -> bool:
+        """Whether a preemption signal arrived (lightning_epo/runtime/preemption.py sets Lightning's flag): an
+        evaluation then stops between two turns, its episodes discarded (the resumed run plays it from its start)."""
+        return self.trainer is not None and self.trainer.received_sigterm
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_Stream(self.next_train_batch, once=False), batch_size=None, collate_fn=_as_is)

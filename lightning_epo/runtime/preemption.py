@@ -1,8 +1,13 @@
-"""Preemption: SIGTERM (what SLURM and Kubernetes send) or Ctrl+C ends a run after its current RL step.
+"""Preemption: SIGTERM (what SLURM and Kubernetes send) or Ctrl+C ends a run after its current RL step, or within
+seconds during an evaluation.
 
 The first signal sets Lightning's own flag (``trainer.received_sigterm``): the training loop stops right after
 the step's batch-end hooks, where :class:`~lightning_epo.callbacks.RLStepCheckpoint` writes ``last.ckpt`` of that
-step (entropy window, beta_k and sampler state included), and the DataModule closes its environments. The process
+step (entropy window, beta_k and sampler state included), and the DataModule closes its environments. An evaluation
+(before the first step, after a step, the final one, ``mode=eval``) stops between two turns instead
+(``RolloutDataModule.eval_batch``: minutes to an hour of episodes would outlast a job's grace period), its episodes
+discarded: no ``eval.json``, no logged value; the step before it has its checkpoint, and the resumed run plays the
+evaluation from its start (lightning_epo/runtime/run.py). The process
 then exits with status 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), so that a job script can tell a
 preempted run (resume it with ``ckpt_path=last``) from a finished one (0). A second Ctrl+C aborts at once.
 

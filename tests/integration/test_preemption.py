@@ -167,3 +167,70 @@ def test_the_stop_advises_a_resume_only_where_a_checkpoint_exists(tmp_path, capl
     (line,) = [r.getMessage() for r in caplog.records if "stopped by SIGTERM" in r.getMessage()]
     assert ("resume with ckpt_path=last" in line) == checkpointed
     assert ("start the run again" in line) == (not checkpointed)
+
+
+# An evaluation that lasts well beyond the signal's delay (1 s): the random tiny model never wins, so each of a
+# split's 16 episodes plays to the turn limit (about 5 s a split on a 2-core CPU; two splits).
+LONG_EVALUATION = ["env.val_size=16", "env.max_turns=8"]
+
+
+def signal_in_evaluation(process: subprocess.Popen, at_step: int, signum: int, delay_s: float = 1.0
+                         ) -> tuple[int, str, float]:
+    """Read ``process``'s output until it starts playing the evaluation at RL step ``at_step``, send ``signum``
+    ``delay_s`` later; its exit status, whole output and the seconds from the signal to its exit."""
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if f"evaluation at RL step {at_step}: playing" in line:
+            break
+    assert process.poll() is None, "".join(seen)[-3000:]
+    time.sleep(delay_s)
+    process.send_signal(signum)
+    sent = time.monotonic()
+    rest, _ = process.communicate(timeout=300)
+    return process.returncode, "".join(seen) + rest, time.monotonic() - sent
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl+C"])
+def test_a_signal_in_the_first_evaluation_stops_it_within_seconds(tiny_model_path, tmp_path, signum):
+    """The evaluation before the first step (``val_at_start``) used to go on playing its episodes after a SIGTERM
+    (minutes to an hour, past a job's grace period: SIGKILL). Now it stops between two turns, with no result."""
+    args = [*ARGS, "val_at_start=true", *LONG_EVALUATION]
+    code, output, seconds = signal_in_evaluation(start_train(tiny_model_path, tmp_path, args=args), 0, signum)
+    assert code == 128 + signum, output[-3000:]
+    assert seconds < 30, f"stopped {seconds:.0f} s after the signal"
+    assert "evaluation at RL step 0: val/" not in output and "Traceback" not in output, output[-3000:]
+    assert "start the run again" in output and not (tmp_path / "checkpoints" / "last.ckpt").exists()
+
+
+def test_a_sigterm_in_the_evaluation_after_a_step_keeps_the_step_and_the_resume_plays_it(tiny_model_path, compose_cfg,
+                                                                                          tmp_path):
+    """A SIGTERM 1 s into the evaluation after RL step 1 (``test_every=1``; checkpoints every 5 steps): the process
+    ends within seconds with 143, ``last.ckpt`` holds step 1 (written before the evaluation), and the resumed run plays
+    that evaluation from its start and finishes, logging what an uninterrupted run logs."""
+    args = [o for o in ARGS if not o.startswith(("test_every=", "total_steps="))] + [
+        "test_every=1", "total_steps=2", *LONG_EVALUATION]
+    run_dir = tmp_path / "preempted"
+    code, output, seconds = signal_in_evaluation(start_train(tiny_model_path, run_dir, args=args), 1, signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM, output[-3000:]
+    assert seconds < 30, f"stopped {seconds:.0f} s after the signal"
+    assert "evaluation at RL step 1: val/" not in output, output[-3000:]
+    assert checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == 1
+
+    resumed = start_train(tiny_model_path, run_dir, "ckpt_path=last", args=args)
+    output, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, output[-3000:]
+    assert "the evaluation after 1 RL steps did not finish before the run stopped" in output, output[-3000:]
+    run(compose_cfg(*args, f"run_dir={tmp_path / 'whole'}"))
+    for compared in (COMPARED, ("val/",)):
+        whole, split = logged(tmp_path / "whole", compared), logged(run_dir, compared)
+        assert sorted(split) == sorted(whole) == [0, 1]
+        assert_logged_alike(whole, split)
+
+
+def test_a_sigterm_in_an_evaluation_of_mode_eval_writes_no_result(tiny_model_path, tmp_path):
+    code, output, seconds = signal_in_evaluation(
+        start_train(tiny_model_path, tmp_path, "mode=eval", args=[*ARGS, *LONG_EVALUATION]), 0, signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM, output[-3000:]
+    assert seconds < 30, f"stopped {seconds:.0f} s after the signal"
+    assert not (tmp_path / "eval.json").exists()

@@ -13,7 +13,7 @@ from lightning_epo.envs.base import EnvPool, StepResult, Task
 from lightning_epo.envs.gridworld import GridworldSuite
 from lightning_epo.envs.sync_pool import SyncEnvPool
 from lightning_epo.rollout.batch import collate_episodes
-from lightning_epo.rollout.collector import EpisodeCollector, Rollout
+from lightning_epo.rollout.collector import CollectionStopped, EpisodeCollector, Rollout
 from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams
 from lightning_epo.rollout.expert_engine import ExpertEngine
 from lightning_epo.rollout.progress_log import rollout_stats
@@ -194,6 +194,32 @@ def test_failed_reset_gives_an_empty_truncated_episode(tokenizer):
     assert rollout.episodes[0].num_turns == 0 and rollout.episodes[0].truncated
     assert rollout.episodes[1].won
     assert rollout.stats["env_failures"] == 1
+
+
+def test_each_turn_reports_the_episodes_that_ended_in_it_a_failed_reset_included(tokenizer):
+    """``on_turn`` (an evaluation's progress) is called after every turn with the episodes that ended since the last
+    call: every episode once, when it ends, not when the call returns."""
+    pool = ScriptedPool(2, fail_reset={"a"})
+    engine = ScriptedEngine(tokenizer, {f"task {n}": ["<action>good</action>"] for n in "bcd"})
+    tasks = [Task("train", "a", 1), Task("train", "b", 3), Task("train", "c", 1), Task("train", "d", 1)]
+    turns: list[list[str]] = []
+    collector = EpisodeCollector(pool, engine, tokenizer, PromptBuilder("gridworld"), max_turns=10)
+    rollout = collector.collect(tasks, [0, 1, 2, 3], SAMPLING, on_turn=lambda ended: turns.append([e.task for e in ended]))
+    # two slots: a's reset fails (reported with the first turn, which b plays alone), c starts in a's slot and wins in
+    # turn 2, d in c's slot and wins in turn 3, as b does (its third good step)
+    assert turns == [["a"], ["task c"], ["task b", "task d"]]
+    assert sorted(sum(turns, [])) == sorted(ep.task for ep in rollout.episodes)
+
+
+def test_a_stop_request_ends_the_collection_between_two_turns(tokenizer):
+    """``should_stop`` (a preemption during an evaluation) is asked before every turn: the first True ends the call
+    with CollectionStopped, no further turn generated, and no episodes returned."""
+    engine = ScriptedEngine(tokenizer, {"task a": ["<action>bad</action>"], "task b": ["<action>bad</action>"]})
+    collector = EpisodeCollector(ScriptedPool(2), engine, tokenizer, PromptBuilder("gridworld"), max_turns=50)
+    with pytest.raises(CollectionStopped, match="after 0 of 2 episodes"):
+        collector.collect([Task("train", "a", 1), Task("train", "b", 1)], [0, 1], SAMPLING,
+                          should_stop=lambda: len(engine.batch_sizes) >= 3)
+    assert len(engine.batch_sizes) == 3  # three turns played, the fourth never asked for
 
 
 def test_waves_refill_slots_and_keep_ids_in_task_order(tokenizer):
