@@ -114,7 +114,7 @@ def test_values_and_rewards_planted_on_environment_tokens_change_nothing(name):
     planted = AdvantageInputs(**{k: v.clone() if torch.is_tensor(v) else v for k, v in vars(inp).items()})
     planted.values[~inp.mask] = 1e6
     adv2, _ = ADVANTAGES.get(name)(planted)
-    assert torch.equal(adv, adv2)
+    assert torch.equal(adv, adv2)  # identity is the point: masked entries are selected away (torch.where), not summed
 
 
 def test_reward_sits_on_last_response_token_of_each_turn():
@@ -176,7 +176,7 @@ def test_gigpo_adds_a_step_advantage_over_shared_states():
     assert ret is None
     assert torch.allclose(adv.squeeze(-1), torch.tensor([2 * half, half, -2 * half, -half]), atol=1e-5)
     adv_episode_only, _ = ADVANTAGES.get("gigpo")(inp, step_weight=0.0)
-    assert torch.equal(adv_episode_only, ADVANTAGES.get("grpo")(inp)[0])
+    assert torch.equal(adv_episode_only, ADVANTAGES.get("grpo")(inp)[0])  # A^E is GRPO's, plus an exact 0 * A^S
 
 
 def test_gigpo_without_state_ids_says_what_is_missing():

@@ -84,6 +84,8 @@ def test_gridworld_ranks_share_the_entropy_window_and_weights(ddp_outputs):
     """``trainer=ddp`` on CPU: each rank plays its own tasks, yet H̄, the window and the weights agree."""
     rank0, rank1 = (load(ddp_outputs / f"gridworld-rank{r}.pt") for r in (0, 1))
     assert rank0["first_prompts"] != rank1["first_prompts"]  # each rank collected its own episodes
+    # identity is the point: every rank holds the same all-reduce's output and applies it with the same elementwise
+    # optimizer step, so replicas agree bit for bit on any CPU (replicas apart by rounding would drift apart)
     assert len(rank0["window"]) == 2 and rank0["window"] == rank1["window"]
     assert rank0["entropy_refs"] == rank1["entropy_refs"] and rank0["entropy_refs"][1] is not None
     for name, value in rank0["params"].items():

@@ -95,6 +95,7 @@ def test_exported_policy_under_zero3_equals_the_consolidated_weights(ds_outputs,
     exported = load_file(str(ds_outputs / "full" / "policy" / "model.safetensors"))
     actor = {n.removeprefix("actor."): v for n, v in consolidated(ds_outputs / "full").items() if n.startswith("actor.")}
     assert actor.keys() - exported.keys() == {"lm_head.weight"}  # tied to the embeddings: saved once
+    # identity is the point: both gather copies of the same shards, nothing is computed on them
     assert torch.equal(actor["lm_head.weight"], exported["model.embed_tokens.weight"])
     for name, value in exported.items():
         assert torch.equal(value, actor[name]), name
@@ -110,7 +111,7 @@ def test_nonfinite_step_is_skipped_and_counted(ds_outputs, tiny_model_path, stag
         result = load(ds_outputs / f"nonfinite-{stage}-rank{rank}.pt")
         assert result["metrics"]["train/skipped_steps"] == 2
         initial = load_file(str(Path(tiny_model_path) / "model.safetensors"))
-        for name, value in initial.items():
+        for name, value in initial.items():  # skipped steps never write the weights: their loaded bits, exactly
             assert torch.equal(result["params"][f"actor.{name}"], value), name
 
 
@@ -146,7 +147,7 @@ def test_mode_eval_of_a_zero3_checkpoint_evaluates_its_weights(ds_outputs):
     evaluated = load(ds_outputs / "evaluated-actor.pt")
     trained = {n.removeprefix("actor."): v for n, v in consolidated(ds_outputs / "full").items() if n.startswith("actor.")}
     assert evaluated.keys() == trained.keys() - {"lm_head.weight"}  # tied to the embeddings
-    for name, value in evaluated.items():
+    for name, value in evaluated.items():  # loaded copies of the checkpoint's tensors: identity is the point
         assert torch.equal(value, trained[name]), name
     results = json.loads((ds_outputs / "full" / "eval.json").read_text())
     assert {"val/iid/success", "val/ood/success"} <= results.keys()

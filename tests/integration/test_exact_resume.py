@@ -28,7 +28,12 @@ def logged(run_dir: Path, compared: tuple[str, ...] = COMPARED) -> dict[int, dic
 
 
 def assert_logged_alike(whole: dict[int, dict[str, float]], split: dict[int, dict[str, float]]) -> None:
-    """Every step of ``whole`` (:func:`logged`) logged the same metrics in ``split``, with the same values."""
+    """Every step of ``whole`` (:func:`logged`) logged the same metrics in ``split``, with the same values.
+
+    DESIGN's first promise (one command, one machine, one seed: the same values bit for bit, stopped and resumed or
+    not), checked within rel 1e-6 (about 8 float32 ulp). Not widened to float32 rounding: a rounding difference
+    between two runs grows with the steps (1.9e-8 at step 1 to 5e-5 by step 6, two 2-thread runs on AVX-512, issue
+    46), so a bound that let it pass would also pass a resume that computes something else."""
     for step, values in whole.items():
         assert split[step].keys() == values.keys(), step
         for name, value in values.items():

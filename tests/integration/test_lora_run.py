@@ -27,13 +27,13 @@ def test_a_lora_run_trains_only_the_adapters_and_exports_the_merged_model_and_th
     base = {k.removeprefix("base_model.model.").replace(".base_layer.", "."): v for k, v in actor.items()
             if "lora_" not in k}
     assert base.keys() == initial.keys() | {"lm_head.weight"}  # the tied output layer appears in the state dict
-    assert all(torch.equal(initial[k], base[k]) for k in initial)  # the base model is frozen
+    assert all(torch.equal(initial[k], base[k]) for k in initial)  # the base model is frozen: never written
     assert any(not torch.all(v == 0) for k, v in actor.items() if "lora_B" in k)  # the adapters learned
 
     policy = tmp_path / "run" / "policy"
     adapter = load_file(str(policy / "adapter" / "adapter_model.safetensors"))
     assert adapter.keys() == {k.replace(".default.", ".") for k in actor if "lora_" in k}
-    assert all(torch.equal(actor[k], adapter[k.replace(".default.", ".")]) for k in actor if "lora_" in k)
+    assert all(torch.equal(actor[k], adapter[k.replace(".default.", ".")]) for k in actor if "lora_" in k)  # copies
     merged = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)  # what model.name_or_path loads
     adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_path), policy / "adapter")
     ids = torch.randint(merged.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))

@@ -38,6 +38,8 @@ def test_value_at_p_depends_only_on_tokens_before_p(critic, batch, p):
     changed[:, p] = (changed[:, p] + 17) % 1000 + 3
     with torch.no_grad():
         before, after = critic(input_ids, attention_mask), critic(changed, attention_mask)
+    # identity is the point: the same weights and shapes take the same kernels, and token p reaches earlier values
+    # only through attention weights that are exactly 0, so any bit that moves leaked from token p
     torch.testing.assert_close(after[:, : p + 1], before[:, : p + 1], rtol=0, atol=0)
     if p + 1 < L:
         assert (after[:, p + 1 :] - before[:, p + 1 :]).abs().amax() > 1e-6  # later states do see token p
@@ -57,7 +59,7 @@ def test_backbone_starts_from_the_actor_weights_but_shares_no_tensor(critic, tin
     critic_backbone = dict(critic.backbone.named_parameters())
     assert critic_backbone.keys() == actor_decoder.keys()
     for name, param in critic_backbone.items():
-        torch.testing.assert_close(param, actor_decoder[name], rtol=0, atol=0)
+        torch.testing.assert_close(param, actor_decoder[name], rtol=0, atol=0)  # copies of one file: identical
     actor_storage = {p.untyped_storage().data_ptr() for p in actor.parameters()}
     assert not actor_storage & {p.untyped_storage().data_ptr() for p in critic.parameters()}
 
@@ -118,7 +120,7 @@ def test_head_init_does_not_depend_on_what_loading_drew_from_the_global_generato
     torch.manual_seed(0)
     torch.rand(100)
     drawn = load_critic(model_cfg(tiny_model_path))
-    assert torch.equal(plain.head.weight, drawn.head.weight)
+    assert torch.equal(plain.head.weight, drawn.head.weight)  # one seed, one draw: identity is the point
 
 
 class _GeneratorOnItsDevice(torch.overrides.TorchFunctionMode):
@@ -146,7 +148,7 @@ def test_the_head_initialises_when_the_default_device_is_not_the_generators(tiny
     with _GeneratorOnItsDevice(), torch.device("meta"):
         off_device = ValueModel(backbone)
     assert off_device.head.weight.device.type == "meta"
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # one seed, one draw: identity is the point
     assert torch.equal(ValueModel(load_critic(model_cfg(tiny_model_path)).backbone).head.weight, on_cpu.head.weight)
 
 

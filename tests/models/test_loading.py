@@ -62,7 +62,7 @@ def test_actor_and_reference_hold_the_saved_weights(tiny_model_path):
     assert isinstance(actor, Qwen2ForCausalLM) and isinstance(reference, Qwen2ForCausalLM)
     saved = load_file(Path(tiny_model_path) / "model.safetensors")
     for name, tensor in saved.items():
-        torch.testing.assert_close(actor.state_dict()[name], tensor, rtol=0, atol=0)
+        torch.testing.assert_close(actor.state_dict()[name], tensor, rtol=0, atol=0)  # a copy: identity is the point
     assert all(p.requires_grad for p in actor.parameters())
     assert not any(p.requires_grad for p in reference.parameters()) and not reference.training
     ids = torch.tensor([[1, 5, 9, 200, 7]])

@@ -52,6 +52,7 @@ def test_only_the_adapters_train_and_the_optimizer_holds_nothing_else(compose_cf
     before = params(module)
     trained, trainer = fit_one_step(cfg, [synthetic_batch(module.actor.config.vocab_size)])
     after = params(trained)
+    # identity is the point: a frozen parameter is never written, so it keeps its loaded bits exactly
     changed = {n for n in before if not torch.equal(before[n], after[n])}
     adapters = {n for n in before if "lora_" in n}
     assert adapters and changed - adapters == {"critic.head.weight", "critic.head.bias"}  # the value head trains in full
@@ -102,7 +103,7 @@ def test_merged_weights_are_the_adapted_model_under_the_base_names_and_leave_it_
     batch = response_batch(plain.config.vocab_size)
     # W x + B A x and (W + B A) x round differently in float32: (float64: 2e-6)
     torch.testing.assert_close(logprobs(plain, batch), logprobs(actor, batch), atol=1e-5, rtol=1e-4)
-    assert all(torch.equal(state[n], p) for n, p in actor.state_dict().items())
+    assert all(torch.equal(state[n], p) for n, p in actor.state_dict().items())  # merged on the side: not written
 
 
 def test_the_hf_engine_samples_from_the_adapted_weights(tiny_model_path):

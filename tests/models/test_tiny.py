@@ -34,7 +34,7 @@ def files(path: Path) -> dict[str, bytes]:
 
 
 def test_same_seed_builds_identical_files_and_another_seed_other_weights(tiny_model_path, tmp_path):
-    again = files(build_tiny_model(tmp_path / "again"))
+    again = files(build_tiny_model(tmp_path / "again"))  # the same build twice in one process: identical bytes
     assert again == files(Path(tiny_model_path))
     other = files(build_tiny_model(tmp_path / "other", seed=1))
     assert other["model.safetensors"] != again["model.safetensors"]

@@ -85,7 +85,8 @@ def test_every_actor_parameter_changes_after_one_step(compose_cfg, algo):
     torch.manual_seed(0)
     trained, _ = fit_one_step(cfg, [batch])
     trained_params = params(trained)
-    # `before` comes from a second module: the same initial actor weights, loaded from the same directory
+    # `before` comes from a second module: the same initial actor weights, loaded from the same directory. Identity
+    # is the point: a parameter the step did not update keeps its loaded bits exactly (no rounding reaches it)
     unchanged = [n for n in before if n.startswith("actor.") and torch.equal(before[n], trained_params[n])]
     assert unchanged == []
 
@@ -134,8 +135,11 @@ def test_target_kl_stops_the_update_at_the_first_mini_batch_past_it(compose_cfg)
     assert "ppo/optimizer_steps" not in free_m
     assert tight_m["ppo/optimizer_steps"] == 1 and loose_m["ppo/optimizer_steps"] == 8
     assert tight_m["ppo/approx_kl"] > 0
-    assert all(torch.equal(free[n], loose[n]) for n in free)
-    moved = [n for n in free if n.startswith("actor.") and not torch.equal(free[n], tight[n])]
+    # two runs (with and without a KL check): alike within float32 rounding (rel 1e-5, abs 1e-6); one AdamW step
+    # instead of eight moves a parameter by ~lr = 1e-2 per step
+    for n in free:
+        torch.testing.assert_close(loose[n], free[n], rtol=1e-5, atol=1e-6, msg=n)
+    moved = [n for n in free if n.startswith("actor.") and not torch.allclose(free[n], tight[n], rtol=1e-5, atol=1e-6)]
     assert moved, "one optimizer step is not eight"
 
 

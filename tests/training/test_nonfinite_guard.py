@@ -62,7 +62,8 @@ def test_a_streak_of_nan_losses_stops_before_checkpointing_the_bad_step(compose_
     # aborted step never reaches the checkpoint callback)
     assert saved["rl_state"] == {"rl_step": 2, "skipped_steps": 0, "skip_streak": 0}
     assert all(torch.isfinite(v).all() for v in saved["state_dict"].values() if v.is_floating_point())
-    # the skipped steps left the weights alone: the module still holds the checkpointed weights
+    # the skipped steps left the weights alone: the module still holds the checkpointed weights, bit for bit (identity
+    # is the point: a skipped step must not write them at all)
     for name, value in module.state_dict().items():
         assert torch.equal(saved["state_dict"][name], value), name
 

@@ -23,6 +23,7 @@ def test_every_sum_goes_through_one_reduction_and_comes_back_by_name():
     total = sums.reduce(two_ranks)
     assert len(calls) == 1 and calls[0].numel() == 11
     assert list(total) == ["train/reward", "panels", "entropy"]
+    # small integers and doubling are exact in float32 on any CPU: identity is the point (sums come back unchanged)
     assert float(total["train/reward"]) == 3.0 and torch.equal(total["panels"], torch.arange(8.0) * 2)
     assert ratio(total["entropy"]) == 0.75 and ratio(torch.tensor([1.0, 0.0])) is None
 
