@@ -43,6 +43,12 @@ class Sharing:
     computed: torch.Tensor | None = None
     source: torch.Tensor | None = None
 
+    def decoder_positions(self, rows: int, length: int) -> int:
+        """The positions a decoder pass computes for ``rows`` rows of ``length`` columns (padding included: it is
+        computed): the prefix once, then each computed row's remainder (:func:`decoder_hidden_states`)."""
+        computed = rows if self.computed is None else len(self.computed)
+        return self.prefix + computed * (length - self.prefix)
+
     @classmethod
     def from_hosts(cls, hosts: torch.Tensor, prefix: int = 0) -> "Sharing":
         """Only the rows of ``hosts [N]`` (:func:`prefix_hosts`) computed, each row read from its host."""

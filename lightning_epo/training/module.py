@@ -203,6 +203,8 @@ class EPOModule(L.LightningModule):
         weight, rows = (1.0 if len(rows) else 0.0), rows_or_first(rows)
         mb = batch.select(rows)
         sharing = self._sharing(mb)
+        self.clock.decoder_positions += sharing.decoder_positions(*mb.input_ids.shape)  # the FLOPs it executes
+        self.clock.logit_positions += float(mb.response_mask.sum())
         logprob, entropy = self._token_outputs(mb, sharing)
         if old_entropy is not None and weight:
             targets.old_logprobs[rows, : logprob.shape[1]] = logprob.detach()
@@ -285,7 +287,7 @@ class EPOModule(L.LightningModule):
         """Log RL step k's ``perf/*`` values (training/step_clock.py) and say them in one line: Lightning calls this
         after every callback's hook, so the weight push and the checkpoint are in."""
         batch = self.step_report.rollout
-        flops = update_flops(self.actor, self.critic, batch.attention_mask, batch.response_mask, self.algo.ppo_epochs)
+        flops = update_flops(self.actor, self.critic, self.clock.decoder_positions, self.clock.logit_positions)
         dtype = torch.bfloat16 if "bf16" in str(self.trainer.precision) else next(self.actor.parameters()).dtype
         peak = matmul_peak_flops(self.device.type, dtype)
         metrics = perf_metrics(self.clock, flops, peak, self._reduce, self.trainer.world_size)

@@ -1,4 +1,4 @@
-"""Where an RL step's time goes: seconds per part, the update's model FLOPs and the machine's matmul peak.
+"""Where an RL step's time goes: seconds per part, the FLOPs the update executes and the machine's matmul peak.
 
 One RL step's parts (DESIGN.md's ``perf/*`` rows): the rollout (``perf/gen_s`` + ``perf/env_s`` + prompt building),
 the old-policy pass (``perf/old_logprob_s``, absent where the update's own forward gave the old policy's outputs
@@ -23,12 +23,14 @@ from lightning_epo.models.lora import is_lora
 
 
 class StepClock:
-    """Seconds per named part of one RL step, summed over the part's intervals (a part may run per micro-batch)."""
+    """Seconds per named part of one RL step, summed over the part's intervals (a part may run per micro-batch), and
+    the work the update executes (``decoder_positions``, ``logit_positions``: :func:`update_flops`'s inputs)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.started = time.perf_counter()
         self.seconds: dict[str, float] = {}
+        self.decoder_positions = self.logit_positions = 0.0
 
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -55,11 +57,10 @@ class StepClock:
 
 
 def model_flops_per_token(model: torch.nn.Module) -> tuple[float, float]:
-    """A forward's FLOPs per token of ``model`` (an actor, or a critic's backbone with its value head), in two parts:
-    ``2 * P`` for its ``P`` parameters outside the embeddings and the output layer (every token computed), and
-    ``2 * d * V`` for the output layer (0 without one; only where logits are taken: the response tokens). The usual
-    model-FLOPs convention (PaLM's MFU): attention's score products and elementwise work are left out, and a LoRA
-    model counts its base weights (the adapters are a few per mille)."""
+    """A forward's FLOPs per position of ``model`` (an actor, or a critic's backbone with its value head), in two
+    parts: ``2 * P`` for its ``P`` parameters outside the embeddings and the output layer, and ``2 * d * V`` for the
+    output layer (0 without one). Attention's score products and elementwise work are left out (PaLM's convention),
+    and a LoRA model counts its base weights (the adapters are a few per mille)."""
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     output_weight = output.weight if output is not None else None
     skip = {id(model.get_input_embeddings().weight), id(output_weight)}
@@ -67,19 +68,20 @@ def model_flops_per_token(model: torch.nn.Module) -> tuple[float, float]:
     return 2.0 * params, 2.0 * (_numel(output_weight) if output_weight is not None else 0)
 
 
-def update_flops(actor: torch.nn.Module, critic: torch.nn.Module | None, attention_mask: torch.Tensor,
-                 response_mask: torch.Tensor, epochs: int) -> float:
-    """An update's model FLOPs (:func:`model_flops_per_token`): every epoch a forward and a backward of the actor and
-    (PPO) the critic's backbone over the batch's real tokens (``attention_mask`` ``[N, L]``), the actor's output layer
-    over its response tokens (``response_mask``). A backward costs two forwards where the weights train, one where
-    they are frozen (LoRA's base: input gradients only)."""
-    tokens, responses = float(attention_mask.sum()), float(response_mask.sum())
-    models = [(actor, actor, responses)] + ([(critic, critic.backbone, 0.0)] if critic is not None else [])
+def update_flops(actor: torch.nn.Module, critic: torch.nn.Module | None, decoder_positions: float,
+                 logit_positions: float) -> float:
+    """The matmul FLOPs an update executes (:func:`model_flops_per_token`): a forward and a backward of the actor and
+    (PPO) the critic's backbone over the ``decoder_positions`` its micro-batches computed, summed over its epochs
+    (padding included, a shared prefix once, a folded turn's row not at all: ``Sharing.decoder_positions``), and the
+    actor's output layer over the ``logit_positions`` (the response tokens) it was applied to. A backward costs two
+    forwards where the weights train, one where they are frozen (LoRA's base: input gradients only). Counting the
+    batch's tokens instead counted work a shared prefix skips, and put the update above the matmul peak."""
+    models = [(actor, actor, logit_positions)] + ([(critic, critic.backbone, 0.0)] if critic is not None else [])
     flops = 0.0
     for model, decoder, logits in models:
         body, output = model_flops_per_token(decoder)
-        flops += (2.0 if is_lora(model) else 3.0) * (body * tokens + output * logits)
-    return flops * epochs
+        flops += (2.0 if is_lora(model) else 3.0) * (body * decoder_positions + output * logits)
+    return flops
 
 
 def _numel(param: torch.Tensor) -> int:

@@ -50,7 +50,7 @@ def test_resume_restores_entropy_window_rl_step_and_sampler(compose_cfg, tmp_pat
     resumed = load_ckpt(tmp_path / "run" / "checkpoints" / "last.ckpt")
     assert resumed["rl_state"]["rl_step"] == 4
     resumed_window = callback_state(resumed, "EntropyWindow")["values"]
-    assert resumed_window[:2] == window and len(resumed_window) == 4
+    assert resumed_window[:2] == window and len(resumed_window) == 4  # restored from the checkpoint, not recomputed
     assert resumed["RolloutDataModule"]["sampler_step"] == 4
 
 
@@ -124,7 +124,7 @@ def test_the_parts_of_an_rl_step_add_up_to_the_step_and_are_said_in_its_line(com
         assert timed <= step["perf/step_s"], step
         untimed.append((step["perf/step_s"] - timed) / max(0.5, 0.1 * timed))
         assert step["perf/gen_s"] + step["perf/env_s"] <= step["perf/rollout_s"]
-        assert step["perf/update_flops_per_s"] > 0 and 0 < step["perf/update_peak_share"] < 1.5
+        assert step["perf/update_flops_per_s"] > 0 and 0 < step["perf/update_peak_share"] < 1
     # Lightning's own loop is the rest: a stage left untimed shows in both steps, a pause of a loaded machine in one
     assert min(untimed) <= 1, steps
     assert sum(bool(row.get("perf/eval_s")) for row in rows) == 2  # an evaluation after each step

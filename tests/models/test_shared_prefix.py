@@ -97,15 +97,18 @@ def test_logprobs_entropies_and_gradients_equal_the_plain_forward(actor, checkpo
 
 
 @pytest.mark.parametrize(("sharing", "embedded"), [("prefix", [(1, PREFIX), (N, L - PREFIX)]), ("fold", [(3, L)]),
-                                                   ("prefix+fold", [(1, PREFIX), (3, L - PREFIX)])])
+                                                   ("prefix+fold", [(1, PREFIX), (3, L - PREFIX)]), ("none", [(N, L)])])
 def test_shared_tokens_are_computed_once(actor, sharing, embedded):
-    """The decoder embeds the prefix once (``[1, P]``), then the rows' remainders; folded, only the 3 hosts."""
+    """The decoder embeds the prefix once (``[1, P]``), then the rows' remainders; folded, only the 3 hosts. The
+    positions it computes are what ``Sharing.decoder_positions`` counts for the update's FLOPs (step_clock.py)."""
     batch = prefixed_batch(actor.config.vocab_size)
     shapes = []
     hook = actor.get_input_embeddings().register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
-    decoder_hidden_states(actor.get_decoder(), *batch[:2], SHARINGS[sharing])
+    chosen = SHARINGS.get(sharing, Sharing())
+    decoder_hidden_states(actor.get_decoder(), *batch[:2], chosen)
     hook.remove()
     assert shapes == embedded
+    assert chosen.decoder_positions(N, L) == sum(rows * columns for rows, columns in embedded)
 
 
 @pytest.mark.parametrize("sharing", SHARINGS)

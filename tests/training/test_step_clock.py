@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from lightning_epo.models.loading import load_actor, load_critic
 from lightning_epo.models.lora import add_lora
-from lightning_epo.training.step_clock import StepClock, matmul_peak_flops, model_flops_per_token, step_line
+from lightning_epo.training.step_clock import (StepClock, matmul_peak_flops, model_flops_per_token, step_line,
+                                               update_flops)
 
 
 def model_cfg(path):
@@ -37,6 +39,20 @@ def test_model_flops_count_the_decoder_once_and_the_output_layer_apart(tiny_mode
     assert model_flops_per_token(critic.backbone) == (2.0 * decoder, 0.0)
     lora = add_lora(actor, {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"}, "CAUSAL_LM")
     assert model_flops_per_token(lora) == (2.0 * decoder, 2.0 * d * vocab)
+
+
+def test_the_update_counts_the_positions_its_passes_computed(tiny_model_path):
+    """A forward and a backward (two forwards' worth where the weights train, one for LoRA's frozen base) over the
+    decoder positions the update's micro-batches computed and the output layer over the response tokens; a critic
+    adds its backbone over the same positions. The positions come from the passes (``Sharing.decoder_positions``): a
+    shared prefix computed once is counted once (the batch's tokens put the SmolLM2 recipe at 184 % of the peak)."""
+    actor = load_actor(model_cfg(tiny_model_path))
+    body, output = model_flops_per_token(actor)
+    assert update_flops(actor, None, 1000.0, 30.0) == pytest.approx(3.0 * (body * 1000 + output * 30), rel=1e-12)
+    critic = load_critic(model_cfg(tiny_model_path))
+    assert update_flops(actor, critic, 1000.0, 30.0) == pytest.approx(3.0 * (body * 2000 + output * 30), rel=1e-12)
+    lora = add_lora(actor, {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"}, "CAUSAL_LM")
+    assert update_flops(lora, None, 1000.0, 30.0) == pytest.approx(2.0 * (body * 1000 + output * 30), rel=1e-12)
 
 
 def test_the_matmul_peak_is_a_measured_rate():
