@@ -26,8 +26,9 @@ class ExportPolicy(L.Callback):
     copy on rank 0); otherwise rank 0 saves the actor's own tensors, with no copy. Rank 0 writes.
     """
 
-    def __init__(self, dirpath: str, total_steps: int, enabled: bool = True) -> None:
-        self.dirpath = Path(dirpath)
+    def __init__(self, dirpath: str, total_steps: int, enabled: bool = True, env: str | None = None) -> None:
+        """``env``: the environment trained on, recorded with the policy (lightning_epo/models/trained_on.py)."""
+        self.dirpath, self.env = Path(dirpath), env
         self.total_steps = total_steps
         self.enabled = enabled
 
@@ -42,6 +43,7 @@ class ExportPolicy(L.Callback):
             weights = {name: tensor for name, tensor in hf_weights(pl_module.actor) if trainer.is_global_zero}
         with gathered(adapter_parameters(pl_module.actor)):  # LoRA under ZeRO-3: the adapters' full tensors
             if trainer.is_global_zero:
-                export_policy(pl_module.actor, trainer.datamodule.tokenizer, self.dirpath, state_dict=weights)
+                export_policy(pl_module.actor, trainer.datamodule.tokenizer, self.dirpath, state_dict=weights,
+                              env=self.env)
                 log.info("exported the policy to %s", self.dirpath)
         trainer.strategy.barrier()

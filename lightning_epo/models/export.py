@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lightning_epo.models.lora import is_lora
+from lightning_epo.models.trained_on import write_trained_on
 from lightning_epo.models.weights import hf_weights
 
 ADAPTER_DIR = "adapter"  # a LoRA actor's adapter, inside its exported model directory
@@ -52,6 +53,7 @@ def export_policy(
     tokenizer: PreTrainedTokenizerBase,
     path: str | Path,
     state_dict: Mapping[str, torch.Tensor] | None = None,
+    env: str | None = None,
 ) -> Path:
     """Save ``actor`` (safetensors, config, generation config) and ``tokenizer`` as one Hugging Face model
     directory at ``path``, loadable with ``model.name_or_path=path``; ``state_dict`` overrides the actor's own
@@ -59,7 +61,8 @@ def export_policy(
 
     A LoRA actor is saved twice: merged (base + adapters, ``state_dict`` or :func:`hf_weights`) as the model
     directory, and its adapter alone in ``path/adapter`` (``PeftModel.from_pretrained(base, path / "adapter")``;
-    under ZeRO-3 the caller gathers the adapters' shards around this call)."""
+    under ZeRO-3 the caller gathers the adapters' shards around this call). ``env``: the environment it was trained
+    on, recorded beside the weights (lightning_epo/models/trained_on.py)."""
     path = Path(path)
     if path.exists():
         shutil.rmtree(path)
@@ -70,4 +73,6 @@ def export_policy(
             actor = actor.get_base_model()
         actor.save_pretrained(staging, state_dict=dict(state_dict) if state_dict is not None else None)
         tokenizer.save_pretrained(staging)
+        if env is not None:
+            write_trained_on(staging, env)
     return path

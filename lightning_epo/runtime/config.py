@@ -66,6 +66,10 @@ RULES: dict[str, Rule] = {
     "env.suite.wall_density": number(0, 1, open_high=True), "env.suite.num_train_tasks": integer(),
     "env.suite.num_eval_tasks": integer(), "env.suite.success_reward": POSITIVE, "env.suite.cache_size": integer(),
     "env.suite.jvm_heap_mb": integer(256), "env.suite.gold_path": SWITCH,
+    # the env's sizes of experiment=quickstart (what its total_steps, test_every, ... read)
+    "env.quickstart.total_steps": integer(), "env.quickstart.test_every": integer(),
+    "env.quickstart.val_size": integer(optional=True), "env.quickstart.episodes_per_step": integer(),
+    "env.quickstart.oversample": integer(),
     # model
     "model.max_prompt_tokens": integer(), "model.logits_chunk_size": integer(optional=True),
     "model.answer.max_new_tokens": integer(), "model.answer.think": SWITCH,

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from lightning_epo.callbacks.wandb_setup import finish_wandb_run
 from lightning_epo.core import layout
 from lightning_epo.models.loading import model_source
+from lightning_epo.models.trained_on import other_environment_line
 from lightning_epo.runtime.config import check_machine, check_prompt_room, check_resume, resolve_ckpt_path, validate
 from lightning_epo.runtime.console import closing_lines
 from lightning_epo.runtime.resolvers import register_resolvers
@@ -56,6 +57,9 @@ def _train_or_evaluate(cfg: DictConfig, run_dir: Path, overrides: list[str] | No
         user_overrides = command_line_overrides() if overrides is None else overrides
         start_from(cfg, run_warm_start(cfg, user_overrides, run_stage=run))
     settings = state_settings(cfg)  # after the warm start: the model is its policy
+    smoke_run = other_environment_line(model_source(cfg.model)[0], cfg.env.name, cfg.env.recipes)
+    if smoke_run is not None:
+        log.warning(smoke_run)
     check_checkpoint_settings(ckpt_path, settings)
     if cfg.get("torch_threads"):
         torch.set_num_threads(cfg.torch_threads)
@@ -91,6 +95,6 @@ def _train_or_evaluate(cfg: DictConfig, run_dir: Path, overrides: list[str] | No
     finally:
         finish_wandb_run()  # Lightning never closes the wandb run; a second run in this process would reuse it
     if trainer.is_global_zero:  # after the progress bar and wandb's last words: the run's last lines
-        for line in closing_lines(trainer, run_dir):
+        for line in closing_lines(trainer, run_dir) + ([smoke_run] if smoke_run is not None else []):
             log.info(line)
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
