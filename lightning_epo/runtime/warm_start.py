@@ -74,7 +74,8 @@ def stage_overrides(cfg: DictConfig, user_overrides: Sequence[str], stage_dir: P
     ]
 
 
-def _compose(overrides: list[str]) -> DictConfig:
+def compose_config(overrides: list[str]) -> DictConfig:
+    """conf/config.yaml composed with ``overrides`` (inside a Hydra app: its own search path)."""
     if GlobalHydra.instance().is_initialized():
         return compose("config", overrides=overrides)
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
@@ -100,7 +101,7 @@ def run_warm_start(cfg: DictConfig, user_overrides: Sequence[str], run_stage: Ca
         return policy
     overrides = stage_overrides(cfg, user_overrides, stage_dir)
     log.info("warm start: python train.py %s", " ".join(scrub_secrets(overrides)))  # the stage runs with the secrets
-    run_stage(_compose(overrides))
+    run_stage(compose_config(overrides))
     if not (policy / "config.json").is_file():
         raise UserError(f"the warm start stopped before its last step and exported no policy: rerun with hydra.run.dir={cfg.run_dir}")
     return policy

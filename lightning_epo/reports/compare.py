@@ -1,0 +1,240 @@
+"""A paired comparison of arms of one experiment: arms x seeds, every arm of a seed starting from that seed's one warm
+start, each run's final evaluation, and one report.
+
+    python -m lightning_epo.reports.compare PLAN.yaml --out DIR [--python .venv/bin/python]
+
+PLAN.yaml (written down, and committed, before the first run: DESIGN.md "Reproducibility and comparisons")::
+
+    experiment: smollm2_gridworld            # the recipe every run runs, its warm start included
+    seeds: [0, 1, 2, 3]
+    common: [algo.grpo.norm_by_std=true]     # overrides of every run
+    arms:                                    # name: its overrides; the first arm is the baseline
+      no_entropy: [algo=grpo]
+      epo: [algo=grpo_epo]
+
+Runs: ``DIR/<arm>/s<seed>`` (``python train.py experiment=E seed=S COMMON ARM logger=csv hydra.run.dir=...``, one at a
+time). A seed's warm start runs once, in ``DIR/warm_start/s<seed>``, which each of the seed's runs sees as its own
+``warm_start/`` (a link: lightning_epo/runtime/warm_start.py reuses a policy found there). Arms that would train
+different warm starts (an arm that overrides a key the stage inherits, or a prompt setting) are refused at start. A
+run whose checkpoint records it finished is skipped; a stopped one resumes (``ckpt_path=last``). Run the command
+again after a stop.
+
+The report (``DIR/report.md``, and the figures in ``DIR/figures``): per arm the final evaluation's success (the last
+``val/<split>/success`` of each run), pooled over seeds with its 95 % Wilson interval; per seed each arm's paired
+difference against the baseline; the mean paired difference over seeds with a 95 % interval from a two-level
+bootstrap (seeds drawn with replacement, then each drawn run's episodes redrawn from its observed rate; the seed is
+the unit of pairing, so this carries both the spread of training over seeds and the evaluation's sampling noise, and
+with few seeds it is too narrow rather than too wide); the entropy of early and late turns and the share of mixed
+groups per RL step, overlaid per arm (``reports.plot``); and every run's command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from lightning_epo.core import layout
+from lightning_epo.core.errors import UserError, exit_with_error
+from lightning_epo.reports.plot import plot_runs
+from lightning_epo.reports.run_history import load_run
+from lightning_epo.reports.summary import episodes_name
+from lightning_epo.reports.wilson import format_rate
+from lightning_epo.runtime.warm_start import STAGE_DIR, compose_config, stage_overrides
+from lightning_epo.training.checkpoint_io import finished_steps_in
+
+REPO = Path(__file__).resolve().parents[2]
+SPLITS = ("iid", "ood")
+BOOTSTRAP_DRAWS = 10_000
+
+
+@dataclass
+class Plan:
+    """PLAN.yaml: the experiment, the seeds, the overrides of every run and of each arm (the first: the baseline)."""
+
+    experiment: str
+    seeds: list[int]
+    common: list[str]
+    arms: dict[str, list[str]]
+
+    @classmethod
+    def read(cls, path: Path) -> Plan:
+        data = yaml.safe_load(path.read_text()) or {}
+        missing = [key for key in ("experiment", "seeds", "arms") if key not in data]
+        if missing or len(data.get("arms") or {}) < 2:
+            raise UserError(f"{path}: a plan needs experiment, seeds and at least two arms (missing: "
+                            f"{', '.join(missing) or 'a second arm'}); see python -m lightning_epo.reports.compare -h")
+        return cls(str(data["experiment"]), [int(s) for s in data["seeds"]], list(data.get("common") or []),
+                   {str(name): list(overrides or []) for name, overrides in data["arms"].items()})
+
+    def overrides(self, arm: str, seed: int) -> list[str]:
+        """A run's overrides (the run directory and a resume apart)."""
+        return [f"experiment={self.experiment}", f"seed={seed}", *self.common, *self.arms[arm], "logger=csv"]
+
+
+def run_dir(out: Path, arm: str, seed: int) -> Path:
+    return out / arm / f"s{seed}"
+
+
+def check_shared_warm_starts(plan: Plan, out: Path) -> None:
+    """Every arm of a seed must train the same warm start (the stage's overrides, runtime/warm_start.py): one line
+    naming the arms that would not."""
+    for seed in plan.seeds:
+        stages = {}
+        for arm in plan.arms:
+            cfg = compose_config([*plan.overrides(arm, seed), f"run_dir={run_dir(out, arm, seed)}"])
+            if cfg.warm_start is None:
+                raise UserError(f"experiment={plan.experiment} (arm {arm}) has no warm_start: the arms of a seed share "
+                                "its warm start; pick an experiment with one")
+            stages[arm] = stage_overrides(cfg, plan.overrides(arm, seed), Path("warm_start"))
+        baseline = next(iter(plan.arms))
+        differ = [arm for arm, stage in stages.items() if stage != stages[baseline]]
+        if differ:
+            raise UserError(f"arms {', '.join(differ)} would train another warm start than {baseline} (they override "
+                            "a key the stage inherits, or a prompt setting): move that override to common")
+
+
+def command(plan: Plan, out: Path, arm: str, seed: int, python: str) -> list[str] | None:
+    """The command that runs (or resumes) ``arm`` at ``seed``; None when the run has finished."""
+    directory = run_dir(out, arm, seed)
+    last = directory / layout.CHECKPOINTS / layout.LAST_CHECKPOINT
+    resume = []
+    if last.exists():
+        if finished_steps_in(last) is not None:
+            return None
+        resume = ["ckpt_path=last"]
+    return [python, str(REPO / "train.py"), *plan.overrides(arm, seed), *resume, f"hydra.run.dir={directory}"]
+
+
+def link_warm_start(out: Path, arm: str, seed: int) -> None:
+    """Make ``DIR/warm_start/s<seed>`` the run's ``warm_start/`` (the first run of the seed trains it there)."""
+    shared = out / STAGE_DIR / f"s{seed}"
+    shared.mkdir(parents=True, exist_ok=True)
+    link = run_dir(out, arm, seed) / STAGE_DIR
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to(os.path.relpath(shared, link.parent), target_is_directory=True)
+
+
+def run_all(plan: Plan, out: Path, python: str) -> None:
+    """Every run not finished, seed by seed (a stop leaves every arm with the same seeds), one at a time; the
+    commands go to ``DIR/commands.txt``."""
+    with open(out / "commands.txt", "a") as log:
+        for seed in plan.seeds:
+            for arm in plan.arms:
+                argv = command(plan, out, arm, seed, python)
+                if argv is None:
+                    print(f"{arm} s{seed}: finished, skipped", flush=True)
+                    continue
+                link_warm_start(out, arm, seed)
+                log.write(" ".join(argv) + "\n")
+                log.flush()
+                print(f"{arm} s{seed}: {' '.join(argv[1:])}", flush=True)
+                with open(run_dir(out, arm, seed) / "compare.log", "a") as output:
+                    code = subprocess.run(argv, cwd=REPO, stdout=output, stderr=subprocess.STDOUT).returncode
+                if code != 0:
+                    raise UserError(f"{arm} s{seed} exited {code} (its output: {run_dir(out, arm, seed)}/compare.log); "
+                                    "run the comparison again to resume it")
+
+
+@dataclass
+class Final:
+    """A run's final evaluation of one split: its success rate and the episodes it is over."""
+
+    success: float
+    episodes: int
+
+    @property
+    def wins(self) -> int:
+        return round(self.success * self.episodes)
+
+
+def final_evaluation(directory: Path, split: str) -> Final:
+    """The last logged ``val/<split>/success`` of the run in ``directory``, with its episode count."""
+    history = load_run(directory).history
+    metric = f"val/{split}/success"
+    points, counts = history.get(metric, []), dict(history.get(episodes_name(metric), []))
+    if not points or points[-1][0] not in counts:
+        raise UserError(f"{directory} logged no final {metric} with its episode count: run the comparison again")
+    step, success = points[-1]
+    return Final(success, int(counts[step]))
+
+
+def paired_interval(arm: list[Final], base: list[Final], seed: int = 0) -> tuple[float, float, float]:
+    """The mean over seeds of ``arm[s].success - base[s].success`` and its 95 % two-level bootstrap interval (module
+    docstring): seeds drawn with replacement, then each drawn run's episodes redrawn, ``Binomial(n, p) / n``."""
+    rng = np.random.default_rng(seed)
+    a_rate, a_n = np.array([f.success for f in arm]), np.array([f.episodes for f in arm])
+    b_rate, b_n = np.array([f.success for f in base]), np.array([f.episodes for f in base])
+    picks = rng.integers(0, len(arm), size=(BOOTSTRAP_DRAWS, len(arm)))
+    drawn = rng.binomial(a_n[picks], a_rate[picks]) / a_n[picks] - rng.binomial(b_n[picks], b_rate[picks]) / b_n[picks]
+    low, high = np.percentile(drawn.mean(axis=1), [2.5, 97.5])
+    return float(np.mean(a_rate - b_rate)), float(low), float(high)
+
+
+def report(plan: Plan, out: Path) -> str:
+    """The report's markdown (module docstring); draws the figures into ``DIR/figures``."""
+    arms, baseline = list(plan.arms), next(iter(plan.arms))
+    finals = {(arm, seed, split): final_evaluation(run_dir(out, arm, seed), split)
+              for arm in arms for seed in plan.seeds for split in SPLITS}
+    lines = [f"# Comparison: experiment={plan.experiment}, seeds {plan.seeds}", "",
+             f"Baseline: {baseline}. Common overrides: {' '.join(plan.common) or 'none'}.", "",
+             "## Final success per arm (pooled over seeds, 95 % Wilson interval)", "",
+             "| arm | overrides | " + " | ".join(f"{s.upper()} success" for s in SPLITS) + " |",
+             "|---|---|" + "---|" * len(SPLITS)]
+    for arm in arms:
+        cells = []
+        for split in SPLITS:
+            runs = [finals[arm, seed, split] for seed in plan.seeds]
+            cells.append(format_rate(sum(f.wins for f in runs), sum(f.episodes for f in runs)))
+        lines.append(f"| {arm} | {' '.join(plan.arms[arm]) or '-'} | " + " | ".join(cells) + " |")
+    for split in SPLITS:
+        lines += ["", f"## {split.upper()}: paired differences against {baseline}", "",
+                  "| arm | " + " | ".join(f"s{seed}" for seed in plan.seeds) + " | mean [95 % interval] |",
+                  "|---|" + "---|" * (len(plan.seeds) + 1)]
+        base = [finals[baseline, seed, split] for seed in plan.seeds]
+        for arm in arms[1:]:
+            runs = [finals[arm, seed, split] for seed in plan.seeds]
+            mean, low, high = paired_interval(runs, base)
+            per_seed = " | ".join(f"{a.success - b.success:+.3f}" for a, b in zip(runs, base))
+            lines.append(f"| {arm} | {per_seed} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] |")
+    labelled = [f"{arm}={run_dir(out, arm, seed)}" for arm in arms for seed in plan.seeds]
+    figures = plot_runs(labelled, out / "figures")
+    lines += ["", "## Figures (mean and ±1 std over seeds, per arm)", ""]
+    lines += [f"- [{path.name}]({path.relative_to(out)})" for path in figures]
+    commands = out / "commands.txt"
+    lines += ["", "## Commands", "", "```", *(commands.read_text().splitlines() if commands.exists() else []), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def compare(plan_path: Path, out: Path, python: str = sys.executable) -> Path:
+    """Run what is missing of the comparison in ``plan_path`` and write its report; returns the report's path."""
+    plan = Plan.read(plan_path)
+    out.mkdir(parents=True, exist_ok=True)
+    check_shared_warm_starts(plan, out)
+    run_all(plan, out, python)
+    path = out / "report.md"
+    path.write_text(report(plan, out))
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m lightning_epo.reports.compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("plan", type=Path, help="PLAN.yaml: experiment, seeds, common overrides, arms")
+    parser.add_argument("--out", type=Path, required=True, help="the comparison's folder (runs, report, figures)")
+    parser.add_argument("--python", default=sys.executable, help="the interpreter of the runs")
+    args = parser.parse_args(argv)
+    try:
+        print(f"wrote {compare(args.plan, args.out, args.python)}")
+    except UserError as exc:
+        exit_with_error(exc)
+
+
+if __name__ == "__main__":
+    main()

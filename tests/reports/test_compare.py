@@ -1,0 +1,69 @@
+"""The paired comparison tool in miniature: 2 arms x 2 seeds x 2 RL steps of the tiny model, the warm start trained
+once per seed and shared by both arms, a stopped run resumed, finished runs skipped, one paired report."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from lightning_epo.core.errors import UserError
+from lightning_epo.reports.compare import Final, Plan, command, compare, link_warm_start, paired_interval, run_dir
+
+SHRUNK = ["total_steps=2", "test_every=2", "val_at_start=false", "env.val_size=4", "env.max_turns=3",
+          "data.episodes_per_step=8", "data.oversample=1", "rollout.max_new_tokens=8", "~callbacks.progress_bar",
+          "warm_start.overrides=['total_steps=2','test_every=2','env.val_size=2']"]
+
+
+def write_plan(path, tiny_model_path, arms):
+    path.write_text(yaml.safe_dump({"experiment": "gridworld_learn", "seeds": [0, 1],
+                                    "common": [f"model.name_or_path={tiny_model_path}", *SHRUNK], "arms": arms}))
+    return path
+
+
+def test_two_arms_two_seeds_share_each_seeds_warm_start_resume_a_stopped_run_and_report_paired(tiny_model_path,
+                                                                                                 tmp_path):
+    plan_path = write_plan(tmp_path / "plan.yaml", tiny_model_path, {"ppo": ["algo=ppo"], "ppo_epo": ["algo=ppo_epo"]})
+    out = tmp_path / "cmp"
+    plan = Plan.read(plan_path)
+    link_warm_start(out, "ppo", 0)  # a run stopped after its first step, as a session's end leaves it
+    stopped = [*command(plan, out, "ppo", 0, sys.executable), "stop_at_step=1"]
+    assert subprocess.run(stopped, capture_output=True, text=True).returncode == 0
+
+    report = compare(plan_path, out).read_text()
+
+    commands = (out / "commands.txt").read_text().splitlines()
+    assert len(commands) == 4 and "ckpt_path=last" in commands[0] and "ckpt_path=last" not in "".join(commands[1:])
+    for seed in (0, 1):  # one warm start per seed, trained by the seed's first run, reused by the other arm
+        assert (out / "warm_start" / f"s{seed}" / "policy" / "config.json").is_file()
+        logs = [(run_dir(out, arm, seed) / "compare.log").read_text() for arm in ("ppo", "ppo_epo")]
+        assert sum("warm start: python train.py" in log for log in logs) == (0 if seed == 0 else 1)
+        assert "warm start: reusing the policy" in logs[1]
+    assert "| ppo_epo | algo=ppo_epo |" in report and "## IID: paired differences against ppo" in report
+    paired = re.findall(r"\| ppo_epo \| [+-]\d\.\d{3} \| [+-]\d\.\d{3} \| [+-]\d\.\d{3} \[[+-]\d\.\d{3}, "
+                        r"[+-]\d\.\d{3}\] \|", report)
+    assert len(paired) == 2, report  # IID and OOD: each seed's difference, the mean and its interval
+    assert "entropy_turns.png" in report
+
+    assert compare(plan_path, out).read_text() == report  # finished runs are skipped: nothing runs again
+    assert (out / "commands.txt").read_text().splitlines() == commands
+
+
+def test_arms_that_would_train_different_warm_starts_are_refused(tiny_model_path, tmp_path):
+    plan_path = write_plan(tmp_path / "plan.yaml", tiny_model_path,
+                           {"a": ["algo=ppo"], "b": ["algo=ppo_epo", "env.history_length=0"]})
+    with pytest.raises(UserError, match="arms b would train another warm start than a"):
+        compare(plan_path, tmp_path / "cmp")
+
+
+def test_the_paired_interval_holds_the_mean_difference_and_narrows_with_episodes():
+    base = [Final(0.5, 100), Final(0.6, 100), Final(0.55, 100), Final(0.5, 100)]
+    arm = [Final(0.7, 100), Final(0.75, 100), Final(0.7, 100), Final(0.72, 100)]
+    mean, low, high = paired_interval(arm, base)
+    assert mean == pytest.approx(0.18) and low < mean < high and low > 0
+    many = [Final(f.success, 10_000) for f in arm], [Final(f.success, 10_000) for f in base]
+    _, low_many, high_many = paired_interval(*many)
+    assert high_many - low_many < high - low
