@@ -106,14 +106,22 @@ def test_a_run_preempted_before_an_evaluation_stops_without_it_and_plays_it_when
     assert checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == 3
     assert "evaluation at RL step 2:" in output and "evaluation at RL step 3:" not in output, output[-3000:]
 
-    resumed = start_train(tiny_model_path, run_dir, "ckpt_path=last", args=every_step)
+    assert_resume_plays_the_evaluation_first(tiny_model_path, compose_cfg, tmp_path, run_dir, every_step, 3, 4)
+
+
+def assert_resume_plays_the_evaluation_first(tiny_model_path: str, compose_cfg: Any, tmp_path: Path, run_dir: Path,
+                                             args: list[str], stopped_after: int, steps: int) -> None:
+    """``ckpt_path=last`` in ``run_dir`` (stopped after ``stopped_after`` RL steps, before their evaluation ended)
+    plays that evaluation first and finishes; its ``steps`` steps and evaluations log what one run logs."""
+    resumed = start_train(tiny_model_path, run_dir, "ckpt_path=last", args=args)
     output, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, output[-3000:]
-    assert "the evaluation after 3 RL steps did not finish before the run stopped" in output, output[-3000:]
-    run(compose_cfg(*every_step, f"run_dir={tmp_path / 'whole'}"))
+    said = f"the evaluation after {stopped_after} RL steps did not finish before the run stopped"
+    assert said in output, output[-3000:]
+    run(compose_cfg(*args, f"run_dir={tmp_path / 'whole'}"))
     for compared in (COMPARED, ("val/",)):
         whole, split = logged(tmp_path / "whole", compared), logged(run_dir, compared)
-        assert sorted(split) == sorted(whole) == [0, 1, 2, 3]
+        assert sorted(split) == sorted(whole) == list(range(steps))
         assert_logged_alike(whole, split)
 
 
@@ -217,15 +225,7 @@ def test_a_sigterm_in_the_evaluation_after_a_step_keeps_the_step_and_the_resume_
     assert "evaluation at RL step 1: val/" not in output, output[-3000:]
     assert checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == 1
 
-    resumed = start_train(tiny_model_path, run_dir, "ckpt_path=last", args=args)
-    output, _ = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, output[-3000:]
-    assert "the evaluation after 1 RL steps did not finish before the run stopped" in output, output[-3000:]
-    run(compose_cfg(*args, f"run_dir={tmp_path / 'whole'}"))
-    for compared in (COMPARED, ("val/",)):
-        whole, split = logged(tmp_path / "whole", compared), logged(run_dir, compared)
-        assert sorted(split) == sorted(whole) == [0, 1]
-        assert_logged_alike(whole, split)
+    assert_resume_plays_the_evaluation_first(tiny_model_path, compose_cfg, tmp_path, run_dir, args, 1, 2)
 
 
 def test_a_sigterm_in_an_evaluation_of_mode_eval_writes_no_result(tiny_model_path, tmp_path):
