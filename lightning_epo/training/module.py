@@ -196,15 +196,13 @@ class EPOModule(L.LightningModule):
 
     def _accumulate(self, batch: RolloutBatch, targets: StepTargets, settings: ObjectiveSettings, rows: torch.Tensor,
                     scale: float, sums: dict[str, float], old_entropy: torch.Tensor | None) -> None:
-        """Backward of the micro-batch ``rows``, adding its terms to ``sums``; an empty one runs a zero-weight pass
-        on row 0 (:func:`rows_or_first`). Given ``old_entropy`` (no optimizer step yet) it writes the rows' old
-        log-probs and entropies. A non-finite loss makes every gradient of the pass NaN, so that the gradient-norm
-        check skips the step on every rank (training/optim.py's ``clip_and_step``)."""
+        """Backward of the micro-batch ``rows``, adding its terms to ``sums`` (and its work to the clock's FLOPs); an
+        empty one runs a zero-weight pass on row 0 (:func:`rows_or_first`). Given ``old_entropy`` (no optimizer step
+        yet) it writes the rows' old log-probs and entropies. A non-finite loss makes every gradient of the pass NaN,
+        so that the gradient-norm check skips the step on every rank (training/optim.py's ``clip_and_step``)."""
         weight, rows = (1.0 if len(rows) else 0.0), rows_or_first(rows)
         mb = batch.select(rows)
-        sharing = self._sharing(mb)
-        self.clock.decoder_positions += sharing.decoder_positions(*mb.input_ids.shape)  # the FLOPs it executes
-        self.clock.logit_positions += float(mb.response_mask.sum())
+        sharing = self.clock.count_pass(self._sharing(mb), mb.input_ids, mb.response_mask)
         logprob, entropy = self._token_outputs(mb, sharing)
         if old_entropy is not None and weight:
             targets.old_logprobs[rows, : logprob.shape[1]] = logprob.detach()

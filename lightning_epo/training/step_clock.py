@@ -20,6 +20,7 @@ import torch
 
 from lightning_epo.core.metric_names import STEP_PARTS
 from lightning_epo.models.lora import is_lora
+from lightning_epo.models.shared_prefix import Sharing
 
 
 class StepClock:
@@ -50,6 +51,14 @@ class StepClock:
     def add(self, name: str, seconds: float) -> None:
         """Add ``seconds`` measured elsewhere (the rollout's, the weight push's) to ``perf/<name>_s``."""
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def count_pass(self, sharing: Sharing, input_ids: torch.Tensor, response_mask: torch.Tensor) -> Sharing:
+        """Add an update pass over ``input_ids`` ``[N, L]`` with ``sharing`` to the work counted (the positions its
+        decoders compute, ``Sharing.decoder_positions``; the response tokens its output layer sees); returns
+        ``sharing``, which the pass runs with."""
+        self.decoder_positions += sharing.decoder_positions(*input_ids.shape)
+        self.logit_positions += float(response_mask.sum())
+        return sharing
 
     def elapsed(self) -> float:
         """Seconds since the step began."""

@@ -9,6 +9,7 @@ import torch
 
 from lightning_epo.models.loading import load_actor, load_critic
 from lightning_epo.models.lora import add_lora
+from lightning_epo.models.shared_prefix import Sharing
 from lightning_epo.training.step_clock import (StepClock, matmul_peak_flops, model_flops_per_token, step_line,
                                                update_flops)
 
@@ -53,6 +54,14 @@ def test_the_update_counts_the_positions_its_passes_computed(tiny_model_path):
     assert update_flops(actor, critic, 1000.0, 30.0) == pytest.approx(3.0 * (body * 2000 + output * 30), rel=1e-12)
     lora = add_lora(actor, {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"}, "CAUSAL_LM")
     assert update_flops(lora, None, 1000.0, 30.0) == pytest.approx(2.0 * (body * 1000 + output * 30), rel=1e-12)
+
+
+def test_a_pass_adds_the_positions_its_decoder_computes_and_its_response_tokens():
+    clock, ids, responses = StepClock(torch.device("cpu")), torch.zeros(4, 10, dtype=torch.long), torch.zeros(4, 10)
+    responses[:, -3:] = 1
+    for sharing in (Sharing(), Sharing(prefix=6)):
+        assert clock.count_pass(sharing, ids, responses) is sharing
+    assert (clock.decoder_positions, clock.logit_positions) == (4 * 10 + 6 + 4 * 4, 2 * 12)
 
 
 def test_the_matmul_peak_is_a_measured_rate():
