@@ -44,7 +44,7 @@ from lightning_epo.core import layout
 from lightning_epo.core.errors import UserError, exit_with_error
 from lightning_epo.reports.plot import plot_runs
 from lightning_epo.reports.run_history import load_run
-from lightning_epo.reports.summary import episodes_name
+from lightning_epo.reports.summary import Evaluation, score_run
 from lightning_epo.reports.wilson import format_rate
 from lightning_epo.runtime.warm_start import STAGE_DIR, compose_config, stage_overrides
 from lightning_epo.training.checkpoint_io import finished_steps_in
@@ -92,7 +92,7 @@ def check_shared_warm_starts(plan: Plan, out: Path) -> None:
             if cfg.warm_start is None:
                 raise UserError(f"experiment={plan.experiment} (arm {arm}) has no warm_start: the arms of a seed share "
                                 "its warm start; pick an experiment with one")
-            stages[arm] = stage_overrides(cfg, plan.overrides(arm, seed), Path("warm_start"))
+            stages[arm] = stage_overrides(cfg, plan.overrides(arm, seed), out / STAGE_DIR / f"s{seed}")
         baseline = next(iter(plan.arms))
         differ = [arm for arm, stage in stages.items() if stage != stages[baseline]]
         if differ:
@@ -143,30 +143,20 @@ def run_all(plan: Plan, out: Path, python: str) -> None:
                                     "run the comparison again to resume it")
 
 
-@dataclass
-class Final:
-    """A run's final evaluation of one split: its success rate and the episodes it is over."""
-
-    success: float
-    episodes: int
-
-    @property
-    def wins(self) -> int:
-        return round(self.success * self.episodes)
+def final_evaluation(directory: Path, split: str) -> Evaluation:
+    """The last logged ``val/<split>/success`` of the run in ``directory`` with its episode count
+    (:func:`~lightning_epo.reports.summary.score_run`)."""
+    last = score_run(load_run(directory), f"val/{split}/success", window=1).last
+    if last.episodes is None:
+        raise UserError(f"{directory} logged no episode count for its final val/{split}/success: rerun its evaluation")
+    return last
 
 
-def final_evaluation(directory: Path, split: str) -> Final:
-    """The last logged ``val/<split>/success`` of the run in ``directory``, with its episode count."""
-    history = load_run(directory).history
-    metric = f"val/{split}/success"
-    points, counts = history.get(metric, []), dict(history.get(episodes_name(metric), []))
-    if not points or points[-1][0] not in counts:
-        raise UserError(f"{directory} logged no final {metric} with its episode count: run the comparison again")
-    step, success = points[-1]
-    return Final(success, int(counts[step]))
+def _wins(evaluation: Evaluation) -> int:
+    return round(evaluation.success * evaluation.episodes)
 
 
-def paired_interval(arm: list[Final], base: list[Final], seed: int = 0) -> tuple[float, float, float]:
+def paired_interval(arm: list[Evaluation], base: list[Evaluation], seed: int = 0) -> tuple[float, float, float]:
     """The mean over seeds of ``arm[s].success - base[s].success`` and its 95 % two-level bootstrap interval (module
     docstring): seeds drawn with replacement, then each drawn run's episodes redrawn, ``Binomial(n, p) / n``."""
     rng = np.random.default_rng(seed)
@@ -192,7 +182,7 @@ def report(plan: Plan, out: Path) -> str:
         cells = []
         for split in SPLITS:
             runs = [finals[arm, seed, split] for seed in plan.seeds]
-            cells.append(format_rate(sum(f.wins for f in runs), sum(f.episodes for f in runs)))
+            cells.append(format_rate(sum(_wins(f) for f in runs), sum(f.episodes for f in runs)))
         lines.append(f"| {arm} | {' '.join(plan.arms[arm]) or '-'} | " + " | ".join(cells) + " |")
     for split in SPLITS:
         lines += ["", f"## {split.upper()}: paired differences against {baseline}", "",

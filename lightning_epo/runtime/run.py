@@ -57,7 +57,7 @@ def _train_or_evaluate(cfg: DictConfig, run_dir: Path, overrides: list[str] | No
         user_overrides = command_line_overrides() if overrides is None else overrides
         start_from(cfg, run_warm_start(cfg, user_overrides, run_stage=run))
     settings = state_settings(cfg)  # after the warm start: the model is its policy
-    smoke_run = other_environment_line(model_source(cfg.model)[0], cfg.env.name, cfg.env.recipes)
+    smoke_run = other_environment_line(cfg.model.name_or_path, cfg.env.name, cfg.env.recipes)
     if smoke_run is not None:
         log.warning(smoke_run)
     check_checkpoint_settings(ckpt_path, settings)

@@ -285,7 +285,7 @@ class EPOModule(L.LightningModule):
         """Log RL step k's ``perf/*`` values (training/step_clock.py) and say them in one line: Lightning calls this
         after every callback's hook, so the weight push and the checkpoint are in."""
         batch = self.step_report.rollout
-        flops = update_flops(self.actor, self.critic, self.clock.decoder_positions, self.clock.logit_positions)
+        flops = update_flops(self.actor, self.critic, self.clock.decoder_positions, float(self.clock.logit_positions))
         dtype = torch.bfloat16 if "bf16" in str(self.trainer.precision) else next(self.actor.parameters()).dtype
         peak = matmul_peak_flops(self.device.type, dtype)
         metrics = perf_metrics(self.clock, flops, peak, self._reduce, self.trainer.world_size)

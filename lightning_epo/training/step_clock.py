@@ -31,7 +31,8 @@ class StepClock:
         self.device = device
         self.started = time.perf_counter()
         self.seconds: dict[str, float] = {}
-        self.decoder_positions = self.logit_positions = 0.0
+        self.decoder_positions = 0
+        self.logit_positions = torch.zeros((), device=device)  # a tensor: counting adds no sync per micro-batch
 
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -54,10 +55,10 @@ class StepClock:
 
     def count_pass(self, sharing: Sharing, input_ids: torch.Tensor, response_mask: torch.Tensor) -> Sharing:
         """Add an update pass over ``input_ids`` ``[N, L]`` with ``sharing`` to the work counted (the positions its
-        decoders compute, ``Sharing.decoder_positions``; the response tokens its output layer sees); returns
-        ``sharing``, which the pass runs with."""
+        decoders compute, ``Sharing.decoder_positions``; the response tokens its output layer sees, summed on the
+        device and read once per step); returns ``sharing``, which the pass runs with."""
         self.decoder_positions += sharing.decoder_positions(*input_ids.shape)
-        self.logit_positions += float(response_mask.sum())
+        self.logit_positions += response_mask.sum()
         return sharing
 
     def elapsed(self) -> float:

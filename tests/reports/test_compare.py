@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from lightning_epo.core.errors import UserError
-from lightning_epo.reports.compare import Final, Plan, command, compare, link_warm_start, paired_interval, run_dir
+from lightning_epo.reports.compare import Plan, command, compare, link_warm_start, paired_interval, run_dir
+from lightning_epo.reports.summary import Evaluation
 
 SHRUNK = ["total_steps=2", "test_every=2", "val_at_start=false", "env.val_size=4", "env.max_turns=3",
           "data.episodes_per_step=8", "data.oversample=1", "rollout.max_new_tokens=8", "~callbacks.progress_bar",
@@ -60,10 +61,10 @@ def test_arms_that_would_train_different_warm_starts_are_refused(tiny_model_path
 
 
 def test_the_paired_interval_holds_the_mean_difference_and_narrows_with_episodes():
-    base = [Final(0.5, 100), Final(0.6, 100), Final(0.55, 100), Final(0.5, 100)]
-    arm = [Final(0.7, 100), Final(0.75, 100), Final(0.7, 100), Final(0.72, 100)]
+    base = [Evaluation(0.5, 100), Evaluation(0.6, 100), Evaluation(0.55, 100), Evaluation(0.5, 100)]
+    arm = [Evaluation(0.7, 100), Evaluation(0.75, 100), Evaluation(0.7, 100), Evaluation(0.72, 100)]
     mean, low, high = paired_interval(arm, base)
     assert mean == pytest.approx(0.18) and low < mean < high and low > 0
-    many = [Final(f.success, 10_000) for f in arm], [Final(f.success, 10_000) for f in base]
+    many = [Evaluation(f.success, 10_000) for f in arm], [Evaluation(f.success, 10_000) for f in base]
     _, low_many, high_many = paired_interval(*many)
     assert high_many - low_many < high - low
