@@ -105,8 +105,8 @@ class ZeroStrategy(DeepSpeedStrategy):
 class CPUDeepSpeedStrategy(ZeroStrategy):
     """:class:`ZeroStrategy` on CPU processes (gloo), for ``trainer.accelerator=cpu``.
 
-    DeepSpeed picks its CPU accelerator by itself when there is no CUDA (it JIT-builds a small communication
-    op with g++ on first use). Lightning refuses CPU in three places, overridden here: the CUDA check of
+    DeepSpeed picks its CPU accelerator by itself when there is no CUDA; its shared-memory communication op is
+    not built (:func:`skip_shared_memory_op`). Lightning refuses CPU in three places, overridden here: the CUDA check of
     ``setup_environment``, the device-index check of ``setup_distributed`` (CPU devices have no index), and
     ``device_rank=root_device.index`` given to ``deepspeed.initialize`` for training and for inference (None on
     CPU, which DeepSpeed cannot compare; any rank >= 0 makes it take the process group's world size and rank,
@@ -119,6 +119,7 @@ class CPUDeepSpeedStrategy(ZeroStrategy):
     def setup_distributed(self) -> None:
         reset_seed()
         self.set_world_ranks()
+        skip_shared_memory_op()
         self._init_deepspeed_distributed()
 
     def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
@@ -146,6 +147,20 @@ class CPUDeepSpeedStrategy(ZeroStrategy):
 
         device_rank = argparse.Namespace(device_rank=self.local_rank)
         return deepspeed.initialize(args=device_rank, dist_init_required=False, **kwargs)
+
+
+def skip_shared_memory_op() -> None:
+    """Keeps DeepSpeed 0.19.8's CPU backend from building its shared-memory all-reduce (``deepspeed_shm_comm``).
+
+    ``TorchBackend`` JIT-builds it with g++ as DeepSpeed starts (about a minute the first time), for
+    ``inference_all_reduce`` only (DeepSpeed-Inference's tensor parallelism), which training never calls. A build
+    killed midway leaves torch's lock file in the extensions directory, on which every later start waits forever
+    (``FileBaton`` has no timeout). With the op marked incompatible in ``deepspeed.ops.__compatible_ops__`` (one dict,
+    whose edits DeepSpeed keeps), ``build_shm_op`` returns None and every collective goes through gloo."""
+    import deepspeed.ops
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
 
 
 def deepspeed_strategy(stage: int, precision: str, gradient_clipping: float, accelerator: str = "gpu", **options: Any):

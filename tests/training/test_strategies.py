@@ -4,6 +4,11 @@ with one line naming the fix."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
@@ -13,6 +18,20 @@ from lightning_epo.core.errors import UserError
 from lightning_epo.runtime import config
 from lightning_epo.runtime.config import check_machine
 from lightning_epo.training.strategies import CPUDeepSpeedStrategy, ZeroStrategy, deepspeed_config, deepspeed_strategy
+
+REPO = Path(__file__).resolve().parents[2]
+START_ON_CPU = """
+import torch
+from lightning.fabric.plugins.environments import LightningEnvironment
+from lightning.pytorch.accelerators import CPUAccelerator
+from lightning_epo.training.strategies import deepspeed_strategy
+strategy = deepspeed_strategy(2, "32-true", 1.0, accelerator="cpu")
+strategy.accelerator, strategy.parallel_devices = CPUAccelerator(), [torch.device("cpu")]
+strategy.cluster_environment = LightningEnvironment()
+strategy.setup_distributed()
+import deepspeed.comm
+print("started on", deepspeed.comm.get_world_size(), "process")
+"""
 
 TRAINERS = ["cpu", "gpu", "ddp", "deepspeed_stage_2", "deepspeed_stage_3"]
 
@@ -77,3 +96,20 @@ def test_deepspeed_on_cpu_needs_no_cuda_and_gets_the_cpu_strategy(compose_cfg):
     # GPU runs get Lightning's strategy with one engine at a time (an evaluation's before fit's)
     assert type(gpu) is ZeroStrategy and isinstance(gpu, DeepSpeedStrategy)
     assert gpu.config["zero_optimization"]["stage"] == 2
+
+
+@pytest.mark.deepspeed
+def test_deepspeed_starts_on_cpu_without_waiting_on_a_build_lock(tmp_path):
+    """DeepSpeed's CPU backend JIT-builds a shared-memory op as it starts; a build killed midway leaves torch's lock
+    file, on which every later start waited forever (the distributed tests hung in CI, 2026-11-27). A start with
+    such a lock in its extensions directory must finish."""
+    (tmp_path / "deepspeed_shm_comm").mkdir()
+    (tmp_path / "deepspeed_shm_comm" / "lock").touch()  # left by a killed build
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "MASTER_PORT": "29517", "PYTHONPATH": str(REPO)}
+    try:
+        done = subprocess.run([sys.executable, "-c", START_ON_CPU], env=env, capture_output=True, text=True,
+                              timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("DeepSpeed's start on CPU waited 120 s on the stale build lock")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "started on 1 process" in done.stdout
