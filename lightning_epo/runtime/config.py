@@ -41,6 +41,7 @@ from lightning_epo.models.loading import check_hub_access, load_tokenizer
 from lightning_epo.rollout.collector import fixed_prompt_tokens
 from lightning_epo.rollout.datamodule import TASK_ORDERS
 from lightning_epo.rollout.vllm_engine import VLLM_MISSING
+from lightning_epo.runtime.engine_choice import VLLM_ENGINE, vllm_installed
 from lightning_epo.training.checkpoint_io import finished_steps_in, is_intact, unsafe_content
 
 log = logging.getLogger(__name__)
@@ -335,7 +336,6 @@ def check_resume(ckpt_path: str | None, cfg: DictConfig) -> None:
 
 DEEPSPEED_FACTORY = "lightning_epo.training.strategies.deepspeed_strategy"
 CPU_ADAM = "deepspeed.ops.adam.DeepSpeedCPUAdam"
-VLLM_ENGINE = "lightning_epo.rollout.vllm_engine.VLLMEngine"
 
 
 def _missing_for_deepspeed(accelerator: str | None) -> list[str]:
@@ -400,7 +400,7 @@ def cpu_computes_bf16() -> bool:
 def check_machine(cfg: DictConfig) -> None:
     """Fail at start, with one line naming the fix, when this machine cannot run the chosen trainer, engine, model
     or logger (the model's hub id included: not cached and not reachable)."""
-    if cfg.rollout.engine.get("_target_") == VLLM_ENGINE and importlib.util.find_spec("vllm") is None:
+    if cfg.rollout.engine.get("_target_") == VLLM_ENGINE and not vllm_installed():
         raise UserError(VLLM_MISSING)
     _check_model_on_machine(cfg)
     _check_wandb_login(cfg.get("logger"))

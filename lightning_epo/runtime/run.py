@@ -17,6 +17,7 @@ from lightning_epo.models.loading import model_source
 from lightning_epo.models.trained_on import other_environment_line
 from lightning_epo.runtime.config import check_machine, check_prompt_room, check_resume, resolve_ckpt_path, validate
 from lightning_epo.runtime.console import closing_lines
+from lightning_epo.runtime.engine_choice import choose_engine
 from lightning_epo.runtime.resolvers import register_resolvers
 from lightning_epo.runtime.run_dir_lock import RunDirLock
 from lightning_epo.runtime.state_settings import check_checkpoint_settings, state_settings
@@ -38,6 +39,7 @@ def build_logger(cfg: DictConfig):
 def run(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]:
     """Train (``mode=train``, after the ``warm_start`` stage if any) or evaluate (``mode=eval``, writing
     ``eval.json``); returns the final metrics. ``overrides``: the command line's (for the warm start to inherit)."""
+    log.info(choose_engine(cfg))
     validate(cfg)
     check_machine(cfg)
     # The tiny model is built here, once, before any trainer starts: inside the module's configure_model a

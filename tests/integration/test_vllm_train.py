@@ -73,3 +73,23 @@ def test_engine_start_keeps_the_trainers_random_state_and_threads(tiny_model_pat
         assert not torch.distributed.is_initialized()  # the world of one vLLM made is gone with it
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_real_model_recipe_generates_with_vllm_from_its_warm_start(compose_cfg, tiny_model_path, tmp_path, caplog):
+    """experiment=smollm2_gridworld as shipped (the tiny model in SmolLM2's place, sizes shrunk): the run says vLLM
+    generates, and vLLM samples from the warm start's merged policy, then from the policy with the RL step's LoRA
+    adapters (pushed through the one weight path)."""
+    overrides = [
+        "experiment=smollm2_gridworld", f"model.name_or_path={tiny_model_path}", "logger=csv", "~callbacks.progress_bar", "total_steps=1", "test_every=1",
+        "env.val_size=2", "env.max_turns=3", "data.episodes_per_step=4",
+        "warm_start.overrides=['total_steps=1','test_every=1000','data.episodes_per_step=4','env.max_turns=3']",
+    ]
+    with caplog.at_level("INFO", logger="lightning_epo.runtime.run"):
+        metrics = run(compose_cfg(*overrides), overrides=overrides)
+    started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("generation:")]
+    assert started[-1].startswith("generation: vllm") and "VLLMEngine" in started[-1]
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["rl_state"]["rl_step"] == 1
+    assert (tmp_path / "run" / "warm_start" / "policy" / "config.json").is_file()
+    assert any(k.startswith("actor.") and "lora_" in k for k in ckpt["state_dict"])  # RL trained adapters
+    assert {"val/iid/success", "val/ood/success"} <= metrics.keys() and metrics["perf/gen_tokens_per_s"] > 0
