@@ -87,7 +87,8 @@ def test_the_real_model_recipe_generates_with_vllm_from_its_warm_start(compose_c
     with caplog.at_level("INFO", logger="lightning_epo.runtime.run"):
         metrics = run(compose_cfg(*overrides), overrides=overrides)
     started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("generation:")]
-    assert started[-1].startswith("generation: vllm") and "VLLMEngine" in started[-1]
+    assert started[0].startswith("generation: vllm") and "VLLMEngine" in started[0]  # the run, before its warm start
+    assert started[1] == "generation: ExpertEngine (rollout.engine); evaluation: HFEngine (data.val_engine)"
     ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["rl_state"]["rl_step"] == 1
     assert (tmp_path / "run" / "warm_start" / "policy" / "config.json").is_file()
