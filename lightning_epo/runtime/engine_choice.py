@@ -44,17 +44,22 @@ def choose_engine(cfg: DictConfig) -> str:
     line = engine_line(cfg.rollout.engine.get("_target_"), fell_back)
     val_engine = cfg.data.get("val_engine")
     if val_engine:  # e.g. a supervised stage: its expert plays the training episodes, a model the evaluation's
-        line += f"; evaluation: {str(val_engine.get('_target_')).rsplit('.', 1)[-1]} (data.val_engine)"
+        line += f"; evaluation: {class_name(val_engine.get('_target_'))} (data.val_engine)"
     return line
+
+
+def class_name(target: str | None) -> str:
+    """``a.b.HFEngine`` -> ``HFEngine``."""
+    return str(target).rsplit(".", 1)[-1]
 
 
 def engine_line(target: str | None, fell_back: bool) -> str:
     """Which engine generates (``target``: ``rollout.engine._target_``) and, for a recipe that fell back to the hf
     engine, how to run it on vLLM."""
-    if target == VLLM_ENGINE:
-        distribution = vllm_distribution() or "vllm"
+    distribution = vllm_distribution() if target == VLLM_ENGINE else None
+    if distribution is not None:  # (not installed: rollout=vllm stops at start, check_machine says how to install it)
         return f"generation: {distribution} {installed_version(distribution)} (rollout.engine: VLLMEngine)"
     if target == HF_ENGINE and fell_back:
         return ("generation: the hf engine, as vLLM is not installed in this Python environment (`make setup-vllm`, "
                 "then .venv-vllm/bin/python train.py ... runs this recipe on vLLM)")
-    return f"generation: {str(target).rsplit('.', 1)[-1]} (rollout.engine)"
+    return f"generation: {class_name(target)} (rollout.engine)"

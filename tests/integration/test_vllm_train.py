@@ -80,8 +80,8 @@ def test_the_real_model_recipe_generates_with_vllm_from_its_warm_start(compose_c
     generates, and vLLM samples from the warm start's merged policy, then from the policy with the RL step's LoRA
     adapters (pushed through the one weight path)."""
     overrides = [
-        "experiment=smollm2_gridworld", f"model.name_or_path={tiny_model_path}", "logger=csv", "~callbacks.progress_bar", "total_steps=1", "test_every=1",
-        "env.val_size=2", "env.max_turns=3", "data.episodes_per_step=4",
+        "experiment=smollm2_gridworld", f"model.name_or_path={tiny_model_path}", "logger=csv", "~callbacks.progress_bar",
+        "total_steps=1", "test_every=1", "env.val_size=2", "env.max_turns=3", "data.episodes_per_step=4",
         "warm_start.overrides=['total_steps=1','test_every=1000','data.episodes_per_step=4','env.max_turns=3']",
     ]
     with caplog.at_level("INFO", logger="lightning_epo.runtime.run"):

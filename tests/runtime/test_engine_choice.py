@@ -40,8 +40,9 @@ def test_with_vllm_vllm_generates(compose_cfg, monkeypatch):
 
 def test_an_explicit_rollout_vllm_does_not_fall_back(compose_cfg, monkeypatch):
     monkeypatch.setattr(engine_choice, "vllm_installed", lambda: False)
+    monkeypatch.setattr(engine_choice, "vllm_distribution", lambda: None)
     cfg = compose_cfg("rollout=vllm")
-    choose_engine(cfg)
+    assert choose_engine(cfg) == "generation: VLLMEngine (rollout.engine)"  # no version of a vLLM that is not there
     assert generation_engine(cfg)["_target_"] == VLLM_ENGINE
     with pytest.raises(UserError, match="make setup-vllm"):
         check_machine(cfg)
