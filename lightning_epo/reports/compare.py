@@ -12,8 +12,9 @@ PLAN.yaml (written down, and committed, before the first run: DESIGN.md "Reprodu
       no_entropy: [algo=grpo]
       epo: [algo=grpo_epo]
 
-Runs: ``DIR/<arm>/s<seed>`` (``python train.py experiment=E seed=S COMMON ARM logger=csv hydra.run.dir=...``, one at a
-time). A seed's warm start runs once, in ``DIR/warm_start/s<seed>``, which each of the seed's runs sees as its own
+Runs: ``DIR/<arm>/s<seed>`` (``python train.py experiment=E seed=S COMMON ARM logger=wandb run_group=PLAN-ARM
+run_name=ARM-sS hydra.run.dir=...``, one at a time; PLAN is the plan file's name): wandb (offline) shows each arm as
+one group, its seeds averaged, the entropy panels of every arm side by side after ``wandb sync DIR/*/s*/wandb/*run-*``. A seed's warm start runs once, in ``DIR/warm_start/s<seed>``, which each of the seed's runs sees as its own
 ``warm_start/`` (a link: lightning_epo/runtime/warm_start.py reuses a policy found there). Arms that would train
 different warm starts (an arm that overrides a key the stage inherits, or a prompt setting) are refused at start. A
 run whose checkpoint records it finished is skipped; a stopped one resumes (``ckpt_path=last``). Run the command
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -58,6 +60,7 @@ BOOTSTRAP_DRAWS = 10_000
 class Plan:
     """PLAN.yaml: the experiment, the seeds, the overrides of every run and of each arm (the first: the baseline)."""
 
+    name: str
     experiment: str
     seeds: list[int]
     common: list[str]
@@ -70,12 +73,17 @@ class Plan:
         if missing or len(data.get("arms") or {}) < 2:
             raise UserError(f"{path}: a plan needs experiment, seeds and at least two arms (missing: "
                             f"{', '.join(missing) or 'a second arm'}); see python -m lightning_epo.reports.compare -h")
-        return cls(str(data["experiment"]), [int(s) for s in data["seeds"]], list(data.get("common") or []),
+        named = [path.stem, *map(str, data["arms"])]
+        if not all(re.fullmatch(r"[\w.-]+", name) for name in named):
+            raise UserError(f"{path}: the plan's file name and its arm names become run names and folders: use letters, "
+                            f"digits, '_', '-' and '.' only (got {', '.join(named)})")
+        return cls(path.stem, str(data["experiment"]), [int(s) for s in data["seeds"]], list(data.get("common") or []),
                    {str(name): list(overrides or []) for name, overrides in data["arms"].items()})
 
     def overrides(self, arm: str, seed: int) -> list[str]:
-        """A run's overrides (the run directory and a resume apart)."""
-        return [f"experiment={self.experiment}", f"seed={seed}", *self.common, *self.arms[arm], "logger=csv"]
+        """A run's overrides (the run directory and a resume apart); wandb groups the runs by arm."""
+        return [f"experiment={self.experiment}", f"seed={seed}", *self.common, *self.arms[arm], "logger=wandb",
+                f"run_group={self.name}-{arm}", f"run_name={arm}-s{seed}"]
 
 
 def run_dir(out: Path, arm: str, seed: int) -> Path:
@@ -198,6 +206,7 @@ def report(plan: Plan, out: Path) -> str:
     figures = plot_runs(labelled, out / "figures")
     lines += ["", "## Figures (mean and ±1 std over seeds, per arm)", ""]
     lines += [f"- [{path.name}]({path.relative_to(out)})" for path in figures]
+    lines += ["", f"In wandb (offline; groups {plan.name}-<arm>): `wandb sync {out}/*/s*/wandb/*run-*`"]
     commands = out / "commands.txt"
     lines += ["", "## Commands", "", "```", *(commands.read_text().splitlines() if commands.exists() else []), "```"]
     return "\n".join(lines) + "\n"

@@ -12,6 +12,7 @@ import yaml
 
 from lightning_epo.core.errors import UserError
 from lightning_epo.reports.compare import Plan, command, compare, link_warm_start, paired_interval, run_dir
+from lightning_epo.reports.run_history import wandb_records, wandb_run_files
 from lightning_epo.reports.summary import Evaluation
 
 SHRUNK = ["total_steps=2", "test_every=2", "val_at_start=false", "env.val_size=4", "env.max_turns=3",
@@ -48,6 +49,11 @@ def test_two_arms_two_seeds_share_each_seeds_warm_start_resume_a_stopped_run_and
                         r"[+-]\d\.\d{3}\] \|", report)
     assert len(paired) == 2, report  # IID and OOD: each seed's difference, the mean and its interval
     assert "entropy_turns.png" in report
+    for arm in ("ppo", "ppo_epo"):  # wandb (offline): one group per arm, its seeds side by side
+        for seed in (0, 1):
+            runs = [r.run for f in wandb_run_files(run_dir(out, arm, seed)) for r in wandb_records(f)
+                    if r.WhichOneof("record_type") == "run"]
+            assert {(r.run_group, r.display_name) for r in runs} == {(f"plan-{arm}", f"{arm}-s{seed}")}
 
     assert compare(plan_path, out).read_text() == report  # finished runs are skipped: nothing runs again
     assert (out / "commands.txt").read_text().splitlines() == commands
@@ -58,6 +64,12 @@ def test_arms_that_would_train_different_warm_starts_are_refused(tiny_model_path
                            {"a": ["algo=ppo"], "b": ["algo=ppo_epo", "env.history_length=0"]})
     with pytest.raises(UserError, match="arms b would train another warm start than a"):
         compare(plan_path, tmp_path / "cmp")
+
+
+def test_an_arm_name_that_cannot_name_a_run_is_refused(tiny_model_path, tmp_path):
+    plan_path = write_plan(tmp_path / "plan.yaml", tiny_model_path, {"a": ["algo=ppo"], "with epo": ["algo=ppo_epo"]})
+    with pytest.raises(UserError, match="use letters, digits"):
+        Plan.read(plan_path)
 
 
 def test_the_paired_interval_holds_the_mean_difference_and_narrows_with_episodes():
