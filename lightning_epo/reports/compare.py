@@ -14,11 +14,13 @@ PLAN.yaml (written down, and committed, before the first run: DESIGN.md "Reprodu
 
 Runs: ``DIR/<arm>/s<seed>`` (``python train.py experiment=E seed=S COMMON ARM logger=wandb run_group=PLAN-ARM
 run_name=ARM-sS hydra.run.dir=...``, one at a time; PLAN is the plan file's name): wandb (offline) shows each arm as
-one group, its seeds averaged, the entropy panels of every arm side by side after ``wandb sync DIR/*/s*/wandb/*run-*``. A seed's warm start runs once, in ``DIR/warm_start/s<seed>``, which each of the seed's runs sees as its own
-``warm_start/`` (a link: lightning_epo/runtime/warm_start.py reuses a policy found there). Arms that would train
-different warm starts (an arm that overrides a key the stage inherits, or a prompt setting) are refused at start. A
-run whose checkpoint records it finished is skipped; a stopped one resumes (``ckpt_path=last``). Run the command
-again after a stop.
+one group, its seeds averaged, the entropy panels of every arm side by side after ``wandb sync
+DIR/*/s*/wandb/*run-*``. A seed's warm start runs once, in ``DIR/warm_start/s<seed>``, which each of the seed's runs
+sees as its own ``warm_start/`` (a link: lightning_epo/runtime/warm_start.py reuses a policy found there). Arms that
+would train different warm starts (an arm that overrides a key the stage inherits, or a prompt setting) are refused
+at start. A run whose checkpoint records it finished is skipped; a stopped one resumes (``ckpt_path=last``). Run the
+command again after a stop; ``--status`` prints where each run stands, with the finished runs' success, and runs
+nothing.
 
 The report (``DIR/report.md``, and the figures in ``DIR/figures``): per arm the final evaluation's success (the last
 ``val/<split>/success`` of each run), pooled over seeds with its 95 % Wilson interval; per seed each arm's paired
@@ -49,7 +51,7 @@ from lightning_epo.reports.run_history import load_run
 from lightning_epo.reports.summary import Evaluation, score_run
 from lightning_epo.reports.wilson import format_rate
 from lightning_epo.runtime.warm_start import STAGE_DIR, compose_config, stage_overrides
-from lightning_epo.training.checkpoint_io import finished_steps_in
+from lightning_epo.training.checkpoint_io import finished_steps_in, rl_steps_in
 
 REPO = Path(__file__).resolve().parents[2]
 SPLITS = ("iid", "ood")
@@ -75,8 +77,8 @@ class Plan:
                             f"{', '.join(missing) or 'a second arm'}); see python -m lightning_epo.reports.compare -h")
         named = [path.stem, *map(str, data["arms"])]
         if not all(re.fullmatch(r"[\w.-]+", name) for name in named):
-            raise UserError(f"{path}: the plan's file name and its arm names become run names and folders: use letters, "
-                            f"digits, '_', '-' and '.' only (got {', '.join(named)})")
+            raise UserError(f"{path}: the plan's file name and its arm names become run names and folders: use "
+                            f"letters, digits, '_', '-' and '.' only (got {', '.join(named)})")
         return cls(path.stem, str(data["experiment"]), [int(s) for s in data["seeds"]], list(data.get("common") or []),
                    {str(name): list(overrides or []) for name, overrides in data["arms"].items()})
 
@@ -108,15 +110,22 @@ def check_shared_warm_starts(plan: Plan, out: Path) -> None:
                             "a key the stage inherits, or a prompt setting): move that override to common")
 
 
+def last_checkpoint(out: Path, arm: str, seed: int) -> Path:
+    return run_dir(out, arm, seed) / layout.CHECKPOINTS / layout.LAST_CHECKPOINT
+
+
+def finished(out: Path, arm: str, seed: int) -> bool:
+    """Whether the run's checkpoint records that it finished."""
+    last = last_checkpoint(out, arm, seed)
+    return last.exists() and finished_steps_in(last) is not None
+
+
 def command(plan: Plan, out: Path, arm: str, seed: int, python: str) -> list[str] | None:
     """The command that runs (or resumes) ``arm`` at ``seed``; None when the run has finished."""
+    if finished(out, arm, seed):
+        return None
+    resume = ["ckpt_path=last"] if last_checkpoint(out, arm, seed).exists() else []
     directory = run_dir(out, arm, seed)
-    last = directory / layout.CHECKPOINTS / layout.LAST_CHECKPOINT
-    resume = []
-    if last.exists():
-        if finished_steps_in(last) is not None:
-            return None
-        resume = ["ckpt_path=last"]
     return [python, str(REPO / "train.py"), *plan.overrides(arm, seed), *resume, f"hydra.run.dir={directory}"]
 
 
@@ -176,6 +185,31 @@ def paired_interval(arm: list[Evaluation], base: list[Evaluation], seed: int = 0
     return float(np.mean(a_rate - b_rate)), float(low), float(high)
 
 
+def run_state(out: Path, arm: str, seed: int) -> str:
+    """``finished``, ``stopped after RL step K`` (a checkpoint to resume from) or ``not started``."""
+    if not last_checkpoint(out, arm, seed).exists():
+        return "not started"
+    if finished(out, arm, seed):
+        return "finished"
+    return f"stopped after RL step {rl_steps_in(last_checkpoint(out, arm, seed))}"
+
+
+def status(plan: Plan, out: Path) -> str:
+    """Where each run of the comparison stands, seed by seed, with the final success of the finished ones (95 %
+    Wilson interval): what a comparison spread over several sessions has so far. Runs nothing."""
+    lines = ["| seed | arm | state | " + " | ".join(f"{s.upper()} success" for s in SPLITS) + " |",
+             "|---|---|---|" + "---|" * len(SPLITS)]
+    for seed in plan.seeds:
+        for arm in plan.arms:
+            state = run_state(out, arm, seed)
+            cells = ["-"] * len(SPLITS)
+            if state == "finished":
+                finals = [final_evaluation(run_dir(out, arm, seed), split) for split in SPLITS]
+                cells = [format_rate(_wins(f), f.episodes) for f in finals]
+            lines.append(f"| {seed} | {arm} | {state} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def report(plan: Plan, out: Path) -> str:
     """The report's markdown (module docstring); draws the figures into ``DIR/figures``."""
     arms, baseline = list(plan.arms), next(iter(plan.arms))
@@ -228,8 +262,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("plan", type=Path, help="PLAN.yaml: experiment, seeds, common overrides, arms")
     parser.add_argument("--out", type=Path, required=True, help="the comparison's folder (runs, report, figures)")
     parser.add_argument("--python", default=sys.executable, help="the interpreter of the runs")
+    parser.add_argument("--status", action="store_true",
+                        help="print where each run stands (and the finished ones' success), run nothing")
     args = parser.parse_args(argv)
     try:
+        if args.status:
+            print(status(Plan.read(args.plan), args.out), end="")
+            return
         print(f"wrote {compare(args.plan, args.out, args.python)}")
     except UserError as exc:
         exit_with_error(exc)

@@ -95,6 +95,11 @@ def finished_steps_in(path: Path) -> int | None:
     return None if path.is_dir() else finished_steps(_read(path))
 
 
+def rl_steps_in(path: Path) -> int | None:
+    """The RL steps done when the checkpoint file ``path`` was written (None for DeepSpeed's directories)."""
+    return None if path.is_dir() else _read(path).get("rl_state", {}).get("rl_step")
+
+
 def _lightning_part(path: Path) -> Path | None:
     """The file that holds Lightning's part of the checkpoint at ``path``: the file itself, or in a DeepSpeed
     checkpoint directory its first rank's model states (Lightning's entries are the engine's client state)."""

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from lightning_epo.core.errors import UserError
-from lightning_epo.reports.compare import Plan, command, compare, link_warm_start, paired_interval, run_dir
+from lightning_epo.reports.compare import (Plan, command, compare, link_warm_start, paired_interval, run_dir,
+                                          status)
 from lightning_epo.reports.run_history import wandb_records, wandb_run_files
 from lightning_epo.reports.summary import Evaluation
 
@@ -34,6 +35,8 @@ def test_two_arms_two_seeds_share_each_seeds_warm_start_resume_a_stopped_run_and
     link_warm_start(out, "ppo", 0)  # a run stopped after its first step, as a session's end leaves it
     stopped = [*command(plan, out, "ppo", 0, sys.executable), "stop_at_step=1"]
     assert subprocess.run(stopped, capture_output=True, text=True).returncode == 0
+    before = status(plan, out)
+    assert "| 0 | ppo | stopped after RL step 1 | - | - |" in before and before.count("| not started | - | - |") == 3
 
     report = compare(plan_path, out).read_text()
 
@@ -54,6 +57,9 @@ def test_two_arms_two_seeds_share_each_seeds_warm_start_resume_a_stopped_run_and
             runs = [r.run for f in wandb_run_files(run_dir(out, arm, seed)) for r in wandb_records(f)
                     if r.WhichOneof("record_type") == "run"]
             assert {(r.run_group, r.display_name) for r in runs} == {(f"plan-{arm}", f"{arm}-s{seed}")}
+
+    after = status(plan, out)  # each run's final success, as the report's pooled rates are made of them
+    assert len(re.findall(r"\| finished \| \d+\.\d \[[\d.]+, [\d.]+\], n=4 \| \d+\.\d \[[\d.]+, [\d.]+\], n=4 \|", after)) == 4
 
     assert compare(plan_path, out).read_text() == report  # finished runs are skipped: nothing runs again
     assert (out / "commands.txt").read_text().splitlines() == commands
