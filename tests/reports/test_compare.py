@@ -11,8 +11,10 @@ import pytest
 import yaml
 
 from lightning_epo.core.errors import UserError
-from lightning_epo.reports.compare import (Plan, command, compare, link_warm_start, paired_interval, run_dir,
-                                          status)
+from lightning_epo.reports.compare import compare
+from lightning_epo.reports.comparison.plan import Plan, run_dir
+from lightning_epo.reports.comparison.report import paired_interval, status
+from lightning_epo.reports.comparison.runner import command, link_warm_start
 from lightning_epo.reports.run_history import wandb_records, wandb_run_files
 from lightning_epo.reports.summary import Evaluation
 
@@ -58,8 +60,12 @@ def test_two_arms_two_seeds_share_each_seeds_warm_start_resume_a_stopped_run_and
                     if r.WhichOneof("record_type") == "run"]
             assert {(r.run_group, r.display_name) for r in runs} == {(f"plan-{arm}", f"{arm}-s{seed}")}
 
-    after = status(plan, out)  # each run's final success, as the report's pooled rates are made of them
-    assert len(re.findall(r"\| finished \| \d+\.\d \[[\d.]+, [\d.]+\], n=4 \| \d+\.\d \[[\d.]+, [\d.]+\], n=4 \|", after)) == 4
+    after = status(plan, out)  # each run's wall time and final success, as the report's pooled rates are made of them
+    rate = r"\d+\.\d \[[\d.]+, [\d.]+\], n=4"
+    assert len(re.findall(rf"\| finished \| \d+\.\d min \| {rate} \| {rate} \|", after)) == 4, after
+    timed = [line.split("\t")[:2] for line in (out / "timings.tsv").read_text().splitlines()]
+    assert timed == [["ppo", "0"], ["ppo_epo", "0"], ["ppo", "1"], ["ppo_epo", "1"]]
+    assert re.search(r"\| ppo_epo \| \d+\.\d min \| \d+\.\d min \|", report) and "All runs: " in report
 
     assert compare(plan_path, out).read_text() == report  # finished runs are skipped: nothing runs again
     assert (out / "commands.txt").read_text().splitlines() == commands

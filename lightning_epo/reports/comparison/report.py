@@ -1,0 +1,125 @@
+"""What a comparison found: each run's state and final success (``--status``), and the paired report (module
+docstring of :mod:`lightning_epo.reports.compare`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from lightning_epo.core.errors import UserError
+from lightning_epo.reports.comparison.plan import TIMINGS, Plan, finished, last_checkpoint, run_dir
+from lightning_epo.reports.plot import plot_runs
+from lightning_epo.reports.run_history import load_run
+from lightning_epo.reports.summary import Evaluation, score_run
+from lightning_epo.reports.wilson import format_rate
+from lightning_epo.training.checkpoint_io import rl_steps_in
+
+SPLITS = ("iid", "ood")
+BOOTSTRAP_DRAWS = 10_000
+
+
+def wall_seconds(out: Path) -> dict[tuple[str, int], float]:
+    """Each run's wall time, summed over the commands that ran it (a stopped run and its resumes; the first run of a
+    seed includes the seed's warm start), from ``DIR/timings.tsv``."""
+    spent: dict[tuple[str, int], float] = {}
+    path = out / TIMINGS
+    for line in path.read_text().splitlines() if path.exists() else []:
+        arm, seed, _, seconds, _ = line.split("\t")
+        spent[arm, int(seed)] = spent.get((arm, int(seed)), 0.0) + float(seconds)
+    return spent
+
+
+def final_evaluation(directory: Path, split: str) -> Evaluation:
+    """The last logged ``val/<split>/success`` of the run in ``directory`` with its episode count
+    (:func:`~lightning_epo.reports.summary.score_run`)."""
+    last = score_run(load_run(directory), f"val/{split}/success", window=1).last
+    if last.episodes is None:
+        raise UserError(f"{directory} logged no episode count for its final val/{split}/success: rerun its evaluation")
+    return last
+
+
+def _wins(evaluation: Evaluation) -> int:
+    return round(evaluation.success * evaluation.episodes)
+
+
+def paired_interval(arm: list[Evaluation], base: list[Evaluation], seed: int = 0) -> tuple[float, float, float]:
+    """The mean over seeds of ``arm[s].success - base[s].success`` and its 95 % two-level bootstrap interval (module
+    docstring): seeds drawn with replacement, then each drawn run's episodes redrawn, ``Binomial(n, p) / n``."""
+    rng = np.random.default_rng(seed)
+    a_rate, a_n = np.array([f.success for f in arm]), np.array([f.episodes for f in arm])
+    b_rate, b_n = np.array([f.success for f in base]), np.array([f.episodes for f in base])
+    picks = rng.integers(0, len(arm), size=(BOOTSTRAP_DRAWS, len(arm)))
+    drawn = rng.binomial(a_n[picks], a_rate[picks]) / a_n[picks] - rng.binomial(b_n[picks], b_rate[picks]) / b_n[picks]
+    low, high = np.percentile(drawn.mean(axis=1), [2.5, 97.5])
+    return float(np.mean(a_rate - b_rate)), float(low), float(high)
+
+
+def run_state(out: Path, arm: str, seed: int) -> str:
+    """``finished``, ``stopped after RL step K`` (a checkpoint to resume from) or ``not started``."""
+    if not last_checkpoint(out, arm, seed).exists():
+        return "not started"
+    if finished(out, arm, seed):
+        return "finished"
+    return f"stopped after RL step {rl_steps_in(last_checkpoint(out, arm, seed))}"
+
+
+def minutes(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 60:.1f} min"
+
+
+def status(plan: Plan, out: Path) -> str:
+    """Where each run of the comparison stands, seed by seed, with the final success of the finished ones (95 %
+    Wilson interval): what a comparison spread over several sessions has so far. Runs nothing."""
+    spent = wall_seconds(out)
+    lines = ["| seed | arm | state | wall time | " + " | ".join(f"{s.upper()} success" for s in SPLITS) + " |",
+             "|---|---|---|---|" + "---|" * len(SPLITS)]
+    for seed in plan.seeds:
+        for arm in plan.arms:
+            cells = [run_state(out, arm, seed), minutes(spent.get((arm, seed)))] + ["-"] * len(SPLITS)
+            if finished(out, arm, seed):
+                finals = [final_evaluation(run_dir(out, arm, seed), split) for split in SPLITS]
+                cells[2:] = [format_rate(_wins(f), f.episodes) for f in finals]
+            lines.append(f"| {seed} | {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def report(plan: Plan, out: Path) -> str:
+    """The report's markdown (module docstring); draws the figures into ``DIR/figures``."""
+    arms, baseline = list(plan.arms), next(iter(plan.arms))
+    finals = {(arm, seed, split): final_evaluation(run_dir(out, arm, seed), split)
+              for arm in arms for seed in plan.seeds for split in SPLITS}
+    lines = [f"# Comparison: experiment={plan.experiment}, seeds {plan.seeds}", "",
+             f"Baseline: {baseline}. Common overrides: {' '.join(plan.common) or 'none'}.", "",
+             "## Final success per arm (pooled over seeds, 95 % Wilson interval)", "",
+             "| arm | overrides | " + " | ".join(f"{s.upper()} success" for s in SPLITS) + " |",
+             "|---|---|" + "---|" * len(SPLITS)]
+    for arm in arms:
+        cells = []
+        for split in SPLITS:
+            runs = [finals[arm, seed, split] for seed in plan.seeds]
+            cells.append(format_rate(sum(_wins(f) for f in runs), sum(f.episodes for f in runs)))
+        lines.append(f"| {arm} | {' '.join(plan.arms[arm]) or '-'} | " + " | ".join(cells) + " |")
+    for split in SPLITS:
+        lines += ["", f"## {split.upper()}: paired differences against {baseline}", "",
+                  "| arm | " + " | ".join(f"s{seed}" for seed in plan.seeds) + " | mean [95 % interval] |",
+                  "|---|" + "---|" * (len(plan.seeds) + 1)]
+        base = [finals[baseline, seed, split] for seed in plan.seeds]
+        for arm in arms[1:]:
+            runs = [finals[arm, seed, split] for seed in plan.seeds]
+            mean, low, high = paired_interval(runs, base)
+            per_seed = " | ".join(f"{a.success - b.success:+.3f}" for a, b in zip(runs, base))
+            lines.append(f"| {arm} | {per_seed} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] |")
+    labelled = [f"{arm}={run_dir(out, arm, seed)}" for arm in arms for seed in plan.seeds]
+    figures = plot_runs(labelled, out / "figures")
+    lines += ["", "## Figures (mean and ±1 std over seeds, per arm)", ""]
+    lines += [f"- [{path.name}]({path.relative_to(out)})" for path in figures]
+    lines += ["", f"In wandb (offline; groups {plan.name}-<arm>): `wandb sync {out}/*/s*/wandb/*run-*`"]
+    spent = wall_seconds(out)
+    lines += ["", "## Wall time (the commands this tool ran; a seed's first arm includes its warm start)", "",
+              "| arm | " + " | ".join(f"s{seed}" for seed in plan.seeds) + " |", "|---|" + "---|" * len(plan.seeds)]
+    lines += [f"| {arm} | " + " | ".join(minutes(spent.get((arm, seed))) for seed in plan.seeds) + " |" for arm in arms]
+    lines += ["", f"All runs: {minutes(sum(spent.values()))}."]
+    commands = out / "commands.txt"
+    lines += ["", "## Commands", "", "```", *(commands.read_text().splitlines() if commands.exists() else []), "```"]
+    return "\n".join(lines) + "\n"

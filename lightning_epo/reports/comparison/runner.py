@@ -1,0 +1,77 @@
+"""Running a plan's runs one at a time, seed by seed, each seed's warm start shared by its arms (a link), stopped runs
+resumed, finished ones skipped."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+
+from lightning_epo.core.errors import UserError
+from lightning_epo.reports.comparison.plan import TIMINGS, Plan, finished, last_checkpoint, run_dir
+from lightning_epo.runtime.warm_start import STAGE_DIR, compose_config, stage_overrides
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def check_shared_warm_starts(plan: Plan, out: Path) -> None:
+    """Every arm of a seed must train the same warm start (the stage's overrides, runtime/warm_start.py): one line
+    naming the arms that would not."""
+    for seed in plan.seeds:
+        stages = {}
+        for arm in plan.arms:
+            cfg = compose_config([*plan.overrides(arm, seed), f"run_dir={run_dir(out, arm, seed)}"])
+            if cfg.warm_start is None:
+                raise UserError(f"experiment={plan.experiment} (arm {arm}) has no warm_start: the arms of a seed share "
+                                "its warm start; pick an experiment with one")
+            stages[arm] = stage_overrides(cfg, plan.overrides(arm, seed), out / STAGE_DIR / f"s{seed}")
+        baseline = next(iter(plan.arms))
+        differ = [arm for arm, stage in stages.items() if stage != stages[baseline]]
+        if differ:
+            raise UserError(f"arms {', '.join(differ)} would train another warm start than {baseline} (they override "
+                            "a key the stage inherits, or a prompt setting): move that override to common")
+
+
+def command(plan: Plan, out: Path, arm: str, seed: int, python: str) -> list[str] | None:
+    """The command that runs (or resumes) ``arm`` at ``seed``; None when the run has finished."""
+    if finished(out, arm, seed):
+        return None
+    resume = ["ckpt_path=last"] if last_checkpoint(out, arm, seed).exists() else []
+    directory = run_dir(out, arm, seed)
+    return [python, str(REPO / "train.py"), *plan.overrides(arm, seed), *resume, f"hydra.run.dir={directory}"]
+
+
+def link_warm_start(out: Path, arm: str, seed: int) -> None:
+    """Make ``DIR/warm_start/s<seed>`` the run's ``warm_start/`` (the first run of the seed trains it there)."""
+    shared = out / STAGE_DIR / f"s{seed}"
+    shared.mkdir(parents=True, exist_ok=True)
+    link = run_dir(out, arm, seed) / STAGE_DIR
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to(os.path.relpath(shared, link.parent), target_is_directory=True)
+
+
+def run_all(plan: Plan, out: Path, python: str) -> None:
+    """Every run not finished, seed by seed (a stop leaves every arm with the same seeds), one at a time; the
+    commands go to ``DIR/commands.txt``, each one's start, wall seconds and exit code to ``DIR/timings.tsv``."""
+    with open(out / "commands.txt", "a") as log:
+        for seed in plan.seeds:
+            for arm in plan.arms:
+                argv = command(plan, out, arm, seed, python)
+                if argv is None:
+                    print(f"{arm} s{seed}: finished, skipped", flush=True)
+                    continue
+                link_warm_start(out, arm, seed)
+                log.write(" ".join(argv) + "\n")
+                log.flush()
+                print(f"{arm} s{seed}: {' '.join(argv[1:])}", flush=True)
+                started, clock = datetime.now().isoformat(timespec="seconds"), time.monotonic()
+                with open(run_dir(out, arm, seed) / "compare.log", "a") as output:
+                    code = subprocess.run(argv, cwd=REPO, stdout=output, stderr=subprocess.STDOUT).returncode
+                with open(out / TIMINGS, "a") as timings:
+                    timings.write(f"{arm}\t{seed}\t{started}\t{time.monotonic() - clock:.1f}\t{code}\n")
+                if code != 0:
+                    raise UserError(f"{arm} s{seed} exited {code} (its output: {run_dir(out, arm, seed)}/compare.log); "
+                                    "run the comparison again to resume it")
