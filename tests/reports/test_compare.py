@@ -38,7 +38,8 @@ def test_two_arms_two_seeds_share_each_seeds_warm_start_resume_a_stopped_run_and
     stopped = [*command(plan, out, "ppo", 0, sys.executable), "stop_at_step=1"]
     assert subprocess.run(stopped, capture_output=True, text=True).returncode == 0
     before = status(plan, out)
-    assert "| 0 | ppo | stopped after RL step 1 | - | - |" in before and before.count("| not started | - | - |") == 3
+    assert "| 0 | ppo | RL step 1 checkpointed | - | - | - |" in before
+    assert before.count("| not started | - | - | - |") == 3
 
     report = compare(plan_path, out).read_text()
 

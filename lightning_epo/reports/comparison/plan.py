@@ -12,6 +12,7 @@ from lightning_epo.core import layout
 from lightning_epo.core.errors import UserError
 from lightning_epo.training.checkpoint_io import finished_steps_in
 
+LOG = "compare.log"  # DIR/<arm>/s<seed>/compare.log: the output of the run's commands
 TIMINGS = "timings.tsv"  # DIR/timings.tsv: arm, seed, start, wall seconds, exit code of each command run
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from lightning_epo.core.errors import UserError
-from lightning_epo.reports.comparison.plan import TIMINGS, Plan, finished, last_checkpoint, run_dir
+from lightning_epo.reports.comparison.plan import LOG, TIMINGS, Plan, finished, last_checkpoint, run_dir
 from lightning_epo.reports.plot import plot_runs
 from lightning_epo.reports.run_history import load_run
 from lightning_epo.reports.summary import Evaluation, score_run
@@ -56,12 +56,15 @@ def paired_interval(arm: list[Evaluation], base: list[Evaluation], seed: int = 0
 
 
 def run_state(out: Path, arm: str, seed: int) -> str:
-    """``finished``, ``stopped after RL step K`` (a checkpoint to resume from) or ``not started``."""
-    if not last_checkpoint(out, arm, seed).exists():
-        return "not started"
+    """``finished``, ``RL step K checkpointed`` (running, or stopped and resumable), ``started, no RL step
+    checkpointed`` (its warm start or first step running, or stopped there) or ``not started``."""
     if finished(out, arm, seed):
         return "finished"
-    return f"stopped after RL step {rl_steps_in(last_checkpoint(out, arm, seed))}"
+    if last_checkpoint(out, arm, seed).exists():
+        return f"RL step {rl_steps_in(last_checkpoint(out, arm, seed))} checkpointed"
+    if (run_dir(out, arm, seed) / LOG).exists():
+        return "started, no RL step checkpointed"
+    return "not started"
 
 
 def minutes(seconds: float | None) -> str:

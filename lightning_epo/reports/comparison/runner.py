@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 
 from lightning_epo.core.errors import UserError
-from lightning_epo.reports.comparison.plan import TIMINGS, Plan, finished, last_checkpoint, run_dir
+from lightning_epo.reports.comparison.plan import LOG, TIMINGS, Plan, finished, last_checkpoint, run_dir
 from lightning_epo.runtime.warm_start import STAGE_DIR, compose_config, stage_overrides
 
 REPO = Path(__file__).resolve().parents[3]
@@ -68,10 +68,10 @@ def run_all(plan: Plan, out: Path, python: str) -> None:
                 log.flush()
                 print(f"{arm} s{seed}: {' '.join(argv[1:])}", flush=True)
                 started, clock = datetime.now().isoformat(timespec="seconds"), time.monotonic()
-                with open(run_dir(out, arm, seed) / "compare.log", "a") as output:
+                with open(run_dir(out, arm, seed) / LOG, "a") as output:
                     code = subprocess.run(argv, cwd=REPO, stdout=output, stderr=subprocess.STDOUT).returncode
                 with open(out / TIMINGS, "a") as timings:
                     timings.write(f"{arm}\t{seed}\t{started}\t{time.monotonic() - clock:.1f}\t{code}\n")
                 if code != 0:
-                    raise UserError(f"{arm} s{seed} exited {code} (its output: {run_dir(out, arm, seed)}/compare.log); "
+                    raise UserError(f"{arm} s{seed} exited {code} (its output: {run_dir(out, arm, seed)}/{LOG}); "
                                     "run the comparison again to resume it")
