@@ -10,7 +10,7 @@ terms with respect to the trainable parameters:
 - ``g_h``: of L_H, the trajectory-aware entropy (Eq. 5) at lambda = 1 (no smoothing at the first step: it needs a
   previous step's entropy).
 
-It prints ``|g_pg|``, ``|g_h|``, their cosine, the share ``lambda |g_h| / |g_pg|`` at the run's lambda
+It prints ``|g_pg|``, ``|g_h|``, their cosine, the advantages' token-weighted RMS over the same tokens, the share ``lambda |g_h| / |g_pg|`` at the run's lambda
 (``algo.entropy_coef``), and the lambda at which the share is ``--share``.
 
     python benchmarks/entropy_gradient_share.py [--share 0.1] [KEY=VALUE ...]   # train.py's overrides
@@ -35,10 +35,12 @@ from lightning_epo.runtime.warm_start import compose_config
 
 class FirstStepGradients:
     """Wraps ``epo_objective`` and ``EPOModule._accumulate``: until the first optimizer step, adds each micro-batch's
-    gradients of L_MT and L_H (``[P]`` flattened over the actor's trainable parameters) to :attr:`sums`."""
+    gradients of L_MT and L_H (``[P]`` flattened over the actor's trainable parameters) to :attr:`sums`, and the
+    token-weighted sums of A^2 and of the weights (``mean_weights``) to :attr:`advantage_sums` (the advantages' RMS)."""
 
     def __init__(self) -> None:
         self.sums = {"pg": None, "h": None}
+        self.advantage_sums = [0.0, 0.0]
         self.module, self.done = None, False
         self.objective, self.accumulate = module_lib.epo_objective, module_lib.EPOModule._accumulate
         register_optimizer_step_pre_hook(lambda *_: setattr(self, "done", True))
@@ -54,6 +56,8 @@ class FirstStepGradients:
         if not self.done:
             pg_tok, _ = POLICY_LOSSES.get(s.policy_loss)(logprob, targets.old_logprobs, targets.advantages,
                                                           s.clip_low, s.clip_high, s.dual_clip)
+            self.advantage_sums[0] += float(weighted_sum(targets.advantages.square(), targets.mean_weights))
+            self.advantage_sums[1] += float(targets.mean_weights.sum())
             params = [p for p in self.module.actor.parameters() if p.requires_grad]
             for name, term in (("pg", weighted_sum(pg_tok, targets.pg_weights)),
                                ("h", weighted_sum(entropy, targets.traj_weights))):
@@ -80,6 +84,7 @@ def main() -> None:
     print(json.dumps({
         "overrides": args.overrides, "grad_pg_norm": float(g_pg.norm()), "grad_h_norm": float(g_h.norm()),
         "cosine": float(torch.nn.functional.cosine_similarity(g_pg, g_h, dim=0)),
+        "advantage_rms": (gradients.advantage_sums[0] / gradients.advantage_sums[1]) ** 0.5,
         "entropy_coef": lam, "share_at_entropy_coef": lam * ratio,
         f"entropy_coef_for_share_{args.share}": args.share / ratio,
     }, indent=1))
