@@ -11,6 +11,8 @@ PLAN.yaml (written down, and committed, before the first run: DESIGN.md "Reprodu
     arms:                                    # name: its overrides; the first arm is the baseline
       no_entropy: [algo=grpo]
       epo: [algo=grpo_epo]
+      bonus: [algo=grpo_epo, algo.epo.smoothing=false]
+    contrasts: [[epo, bonus]]                # optional: pairs of arms also compared with each other
 
 Runs: ``DIR/<arm>/s<seed>`` (``python train.py experiment=E seed=S COMMON ARM logger=wandb run_group=PLAN-ARM
 run_name=ARM-sS hydra.run.dir=...``, one at a time; PLAN is the plan file's name): wandb (offline) shows each arm as
@@ -24,11 +26,12 @@ nothing.
 
 The report (``DIR/report.md``, and the figures in ``DIR/figures``): per arm the final evaluation's success (the last
 ``val/<split>/success`` of each run), pooled over seeds with its 95 % Wilson interval; per seed each arm's paired
-difference against the baseline; the mean paired difference over seeds with a 95 % interval from a two-level
-bootstrap (seeds drawn with replacement, then each drawn run's episodes redrawn from its observed rate; the seed is
-the unit of pairing, so this carries both the spread of training over seeds and the evaluation's sampling noise, and
-with few seeds it is too narrow rather than too wide); the entropy of early and late turns and the share of mixed
-groups per RL step, overlaid per arm (``reports.plot``); each run's wall time (``DIR/timings.tsv``); and every run's command.
+difference against the baseline (and each contrast's: the first arm against the second); the mean paired difference over
+seeds with a 95 % interval from a two-level bootstrap (seeds drawn with replacement, then each drawn run's episodes
+redrawn from its observed rate; the seed is the unit of pairing, so this carries both the spread of training over seeds
+and the evaluation's sampling noise, and with few seeds it is too narrow rather than too wide); the entropy of early and
+late turns and the share of mixed groups per RL step, overlaid per arm (``reports.plot``); each run's wall time
+(``DIR/timings.tsv``); and every run's command.
 """
 
 from __future__ import annotations

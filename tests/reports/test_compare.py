@@ -23,15 +23,17 @@ SHRUNK = ["total_steps=2", "test_every=2", "val_at_start=false", "env.val_size=4
           "warm_start.overrides=['total_steps=2','test_every=2','env.val_size=2']"]
 
 
-def write_plan(path, tiny_model_path, arms):
+def write_plan(path, tiny_model_path, arms, contrasts=()):
     path.write_text(yaml.safe_dump({"experiment": "gridworld_learn", "seeds": [0, 1],
-                                    "common": [f"model.name_or_path={tiny_model_path}", *SHRUNK], "arms": arms}))
+                                    "common": [f"model.name_or_path={tiny_model_path}", *SHRUNK], "arms": arms,
+                                    "contrasts": [list(pair) for pair in contrasts]}))
     return path
 
 
 def test_two_arms_two_seeds_share_each_seeds_warm_start_resume_a_stopped_run_and_report_paired(tiny_model_path,
                                                                                                  tmp_path):
-    plan_path = write_plan(tmp_path / "plan.yaml", tiny_model_path, {"ppo": ["algo=ppo"], "ppo_epo": ["algo=ppo_epo"]})
+    plan_path = write_plan(tmp_path / "plan.yaml", tiny_model_path, {"ppo": ["algo=ppo"], "ppo_epo": ["algo=ppo_epo"]},
+                           contrasts=[("ppo", "ppo_epo")])
     out = tmp_path / "cmp"
     plan = Plan.read(plan_path)
     link_warm_start(out, "ppo", 0)  # a run stopped after its first step, as a session's end leaves it
@@ -50,10 +52,16 @@ def test_two_arms_two_seeds_share_each_seeds_warm_start_resume_a_stopped_run_and
         logs = [(run_dir(out, arm, seed) / "compare.log").read_text() for arm in ("ppo", "ppo_epo")]
         assert sum("warm start: python train.py" in log for log in logs) == (0 if seed == 0 else 1)
         assert "warm start: reusing the policy" in logs[1]
-    assert "| ppo_epo | algo=ppo_epo |" in report and "## IID: paired differences against ppo" in report
-    paired = re.findall(r"\| ppo_epo \| [+-]\d\.\d{3} \| [+-]\d\.\d{3} \| [+-]\d\.\d{3} \[[+-]\d\.\d{3}, "
-                        r"[+-]\d\.\d{3}\] \|", report)
-    assert len(paired) == 2, report  # IID and OOD: each seed's difference, the mean and its interval
+    assert "| ppo_epo | algo=ppo_epo |" in report
+    assert "## IID: paired differences (against ppo, then the plan's contrasts)" in report
+    paired = re.findall(r"\| (ppo_epo - ppo|ppo - ppo_epo) \| ([+-]\d\.\d{3}) \| ([+-]\d\.\d{3}) \| ([+-]\d\.\d{3}) "
+                        r"\[([+-]\d\.\d{3}), ([+-]\d\.\d{3})\] \|", report)
+    assert len(paired) == 4, report  # IID and OOD: against the baseline, then the contrast (the same runs, reversed)
+    for against_baseline, contrast in (paired[:2], paired[2:]):  # per split
+        assert against_baseline[0] == "ppo_epo - ppo" and contrast[0] == "ppo - ppo_epo"
+        assert [float(x) for x in against_baseline[1:4]] == [-float(x) for x in contrast[1:4]]  # s0, s1, mean
+        low, high = (float(x) for x in against_baseline[4:])  # the interval mirrored, up to the bootstrap's own noise
+        assert [-high, -low] == pytest.approx([float(x) for x in contrast[4:]], abs=0.05)
     assert "entropy_turns.png" in report
     for arm in ("ppo", "ppo_epo"):  # wandb (offline): one group per arm, its seeds side by side
         for seed in (0, 1):
@@ -82,6 +90,13 @@ def test_arms_that_would_train_different_warm_starts_are_refused(tiny_model_path
 def test_an_arm_name_that_cannot_name_a_run_is_refused(tiny_model_path, tmp_path):
     plan_path = write_plan(tmp_path / "plan.yaml", tiny_model_path, {"a": ["algo=ppo"], "with epo": ["algo=ppo_epo"]})
     with pytest.raises(UserError, match="use letters, digits"):
+        Plan.read(plan_path)
+
+
+def test_a_contrast_of_arms_the_plan_lacks_is_refused(tiny_model_path, tmp_path):
+    plan_path = write_plan(tmp_path / "plan.yaml", tiny_model_path, {"a": ["algo=ppo"], "b": ["algo=ppo_epo"]},
+                           contrasts=[("b", "c")])
+    with pytest.raises(UserError, match=r"each contrast is a pair of the plan's arms \(a, b\); got \[\['b', 'c'\]\]"):
         Plan.read(plan_path)
 
 

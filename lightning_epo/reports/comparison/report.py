@@ -103,16 +103,16 @@ def report(plan: Plan, out: Path) -> str:
             runs = [finals[arm, seed, split] for seed in plan.seeds]
             cells.append(format_rate(sum(_wins(f) for f in runs), sum(f.episodes for f in runs)))
         lines.append(f"| {arm} | {' '.join(plan.arms[arm]) or '-'} | " + " | ".join(cells) + " |")
+    pairs = [(arm, baseline) for arm in arms[1:]] + [tuple(pair) for pair in plan.contrasts]
     for split in SPLITS:
-        lines += ["", f"## {split.upper()}: paired differences against {baseline}", "",
-                  "| arm | " + " | ".join(f"s{seed}" for seed in plan.seeds) + " | mean [95 % interval] |",
+        lines += ["", f"## {split.upper()}: paired differences (against {baseline}, then the plan's contrasts)", "",
+                  "| arm - other | " + " | ".join(f"s{seed}" for seed in plan.seeds) + " | mean [95 % interval] |",
                   "|---|" + "---|" * (len(plan.seeds) + 1)]
-        base = [finals[baseline, seed, split] for seed in plan.seeds]
-        for arm in arms[1:]:
-            runs = [finals[arm, seed, split] for seed in plan.seeds]
+        for arm, other in pairs:
+            runs, base = ([finals[name, seed, split] for seed in plan.seeds] for name in (arm, other))
             mean, low, high = paired_interval(runs, base)
             per_seed = " | ".join(f"{a.success - b.success:+.3f}" for a, b in zip(runs, base))
-            lines.append(f"| {arm} | {per_seed} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] |")
+            lines.append(f"| {arm} - {other} | {per_seed} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] |")
     labelled = [f"{arm}={run_dir(out, arm, seed)}" for arm in arms for seed in plan.seeds]
     figures = plot_runs(labelled, out / "figures")
     lines += ["", "## Figures (mean and ±1 std over seeds, per arm)", ""]
