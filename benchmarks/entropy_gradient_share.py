@@ -10,8 +10,9 @@ terms with respect to the trainable parameters:
 - ``g_h``: of L_H, the trajectory-aware entropy (Eq. 5) at lambda = 1 (no smoothing at the first step: it needs a
   previous step's entropy).
 
-It prints ``|g_pg|``, ``|g_h|``, their cosine, the advantages' token-weighted RMS over the same tokens, the share ``lambda |g_h| / |g_pg|`` at the run's lambda
-(``algo.entropy_coef``), and the lambda at which the share is ``--share``.
+It prints ``|g_pg|``, ``|g_h|``, their cosine, the advantages' token-weighted RMS over the same tokens, the share
+``lambda |g_h| / |g_pg|`` at the run's lambda (``algo.entropy_coef``), and the lambda at which the share is
+``--share``.
 
     python benchmarks/entropy_gradient_share.py [--share 0.1] [KEY=VALUE ...]   # train.py's overrides
 """

@@ -87,7 +87,12 @@ def finished_steps(checkpoint: dict[str, Any]) -> int | None:
     """The RL steps of a run whose checkpoint was written after its last step (Lightning closed its one epoch, and
     a resume with the same loops would train nothing); None for a checkpoint written mid-run."""
     epoch = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
-    return checkpoint.get("rl_state", {}).get("rl_step") if epoch.get("completed", 0) >= 1 else None
+    return rl_steps(checkpoint) if epoch.get("completed", 0) >= 1 else None
+
+
+def rl_steps(checkpoint: dict[str, Any]) -> int | None:
+    """The RL steps done when the checkpoint was written."""
+    return checkpoint.get("rl_state", {}).get("rl_step")
 
 
 def finished_steps_in(path: Path) -> int | None:
@@ -97,7 +102,7 @@ def finished_steps_in(path: Path) -> int | None:
 
 def rl_steps_in(path: Path) -> int | None:
     """The RL steps done when the checkpoint file ``path`` was written (None for DeepSpeed's directories)."""
-    return None if path.is_dir() else _read(path).get("rl_state", {}).get("rl_step")
+    return None if path.is_dir() else rl_steps(_read(path))
 
 
 def _lightning_part(path: Path) -> Path | None:

@@ -59,7 +59,8 @@ def test_two_arms_two_seeds_share_each_seeds_warm_start_resume_a_stopped_run_and
     assert len(paired) == 4, report  # IID and OOD: against the baseline, then the contrast (the same runs, reversed)
     for against_baseline, contrast in (paired[:2], paired[2:]):  # per split
         assert against_baseline[0] == "ppo_epo - ppo" and contrast[0] == "ppo - ppo_epo"
-        assert [float(x) for x in against_baseline[1:4]] == [-float(x) for x in contrast[1:4]]  # s0, s1, mean
+        assert [float(x) for x in against_baseline[1:4]] == pytest.approx([-float(x) for x in contrast[1:4]],
+                                                                           abs=1e-9)  # s0, s1, mean
         low, high = (float(x) for x in against_baseline[4:])  # the interval mirrored, up to the bootstrap's own noise
         assert [-high, -low] == pytest.approx([float(x) for x in contrast[4:]], abs=0.05)
     assert "entropy_turns.png" in report

@@ -25,7 +25,7 @@ class Plan:
     seeds: list[int]
     common: list[str]
     arms: dict[str, list[str]]
-    contrasts: list[list[str]]  # pairs of arms compared with each other as well as with the baseline
+    contrasts: list[tuple[str, str]]  # pairs of arms compared with each other as well as with the baseline
 
     @classmethod
     def read(cls, path: Path) -> Plan:
@@ -38,13 +38,14 @@ class Plan:
         if not all(re.fullmatch(r"[\w.-]+", name) for name in named):
             raise UserError(f"{path}: the plan's file name and its arm names become run names and folders: use "
                             f"letters, digits, '_', '-' and '.' only (got {', '.join(named)})")
-        contrasts = [[str(arm) for arm in pair] for pair in data.get("contrasts") or []]
-        unknown = [pair for pair in contrasts if len(pair) != 2 or not set(pair) <= set(map(str, data["arms"]))]
+        pairs = [[str(arm) for arm in pair] for pair in data.get("contrasts") or []]
+        unknown = [pair for pair in pairs if len(pair) != 2 or not set(pair) <= set(map(str, data["arms"]))]
         if unknown:
             arms = ", ".join(map(str, data["arms"]))
             raise UserError(f"{path}: each contrast is a pair of the plan's arms ({arms}); got {unknown}")
         return cls(path.stem, str(data["experiment"]), [int(s) for s in data["seeds"]], list(data.get("common") or []),
-                   {str(name): list(overrides or []) for name, overrides in data["arms"].items()}, contrasts)
+                   {str(name): list(overrides or []) for name, overrides in data["arms"].items()},
+                   [(arm, other) for arm, other in pairs])
 
     def overrides(self, arm: str, seed: int) -> list[str]:
         """A run's overrides (the run directory and a resume apart); wandb groups the runs by arm."""

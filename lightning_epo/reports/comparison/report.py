@@ -17,6 +17,7 @@ from lightning_epo.training.checkpoint_io import rl_steps_in
 
 SPLITS = ("iid", "ood")
 BOOTSTRAP_DRAWS = 10_000
+FINISHED = "finished"
 
 
 def wall_seconds(out: Path) -> dict[tuple[str, int], float]:
@@ -59,9 +60,11 @@ def run_state(out: Path, arm: str, seed: int) -> str:
     """``finished``, ``RL step K checkpointed`` (running, or stopped and resumable), ``started, no RL step
     checkpointed`` (its warm start or first step running, or stopped there) or ``not started``."""
     if finished(out, arm, seed):
-        return "finished"
-    if last_checkpoint(out, arm, seed).exists():
-        return f"RL step {rl_steps_in(last_checkpoint(out, arm, seed))} checkpointed"
+        return FINISHED
+    last = last_checkpoint(out, arm, seed)
+    if last.exists():
+        steps = rl_steps_in(last)  # None: a DeepSpeed checkpoint directory
+        return f"RL step {steps} checkpointed" if steps is not None else "checkpointed"
     if (run_dir(out, arm, seed) / LOG).exists():
         return "started, no RL step checkpointed"
     return "not started"
@@ -80,7 +83,7 @@ def status(plan: Plan, out: Path) -> str:
     for seed in plan.seeds:
         for arm in plan.arms:
             cells = [run_state(out, arm, seed), minutes(spent.get((arm, seed)))] + ["-"] * len(SPLITS)
-            if finished(out, arm, seed):
+            if cells[0] == FINISHED:
                 finals = [final_evaluation(run_dir(out, arm, seed), split) for split in SPLITS]
                 cells[2:] = [format_rate(_wins(f), f.episodes) for f in finals]
             lines.append(f"| {seed} | {arm} | " + " | ".join(cells) + " |")
@@ -103,7 +106,7 @@ def report(plan: Plan, out: Path) -> str:
             runs = [finals[arm, seed, split] for seed in plan.seeds]
             cells.append(format_rate(sum(_wins(f) for f in runs), sum(f.episodes for f in runs)))
         lines.append(f"| {arm} | {' '.join(plan.arms[arm]) or '-'} | " + " | ".join(cells) + " |")
-    pairs = [(arm, baseline) for arm in arms[1:]] + [tuple(pair) for pair in plan.contrasts]
+    pairs = [(arm, baseline) for arm in arms[1:]] + plan.contrasts
     for split in SPLITS:
         lines += ["", f"## {split.upper()}: paired differences (against {baseline}, then the plan's contrasts)", "",
                   "| arm - other | " + " | ".join(f"s{seed}" for seed in plan.seeds) + " | mean [95 % interval] |",
