@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, open_dict
 
 from lightning_epo.core.errors import UserError
 from lightning_epo.doctor.memory import GIB, KNOWN_SHAPES, Shape, estimate
 from lightning_epo.envs.alfworld_data import REPO_ROOT as REPO
 from lightning_epo.runtime.config import DEEPSPEED_FACTORY, cpu_computes_bf16
-from lightning_epo.runtime.engine_choice import VLLM_ENGINE, installed_version, vllm_distribution
+from lightning_epo.runtime.engine_choice import VLLM_ENGINE, choose_engine, installed_version, vllm_distribution
+from lightning_epo.runtime.resolvers import register_resolvers
 
 OK, WARN, FAIL, UNUSED = "ok", "warn", "FAIL", "-"
 
@@ -35,6 +37,19 @@ class Line:
 
     def __str__(self) -> str:
         return f"{self.status:<4}  {self.component:<13} {self.detail}"
+
+
+def compose_run(overrides: list[str]) -> tuple[DictConfig, Path]:
+    """The run's configuration as ``train.py`` composes it (its engine chosen), and its run directory."""
+    register_resolvers()
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    run_dir = Path(cfg.hydra.run.dir)
+    with open_dict(cfg):
+        cfg.pop("hydra")
+        cfg.run_dir = str(run_dir)
+    choose_engine(cfg)
+    return cfg, run_dir if run_dir.is_absolute() else REPO / run_dir
 
 
 def pinned_versions(requirements: Path = REPO / "requirements.txt") -> dict[str, str]:

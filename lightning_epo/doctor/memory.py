@@ -7,7 +7,7 @@ Per parameter, for ``P`` parameters of which ``T`` train (all of them, or LoRA's
 
 - plain trainers (``trainer=cpu|gpu|ddp``): weights ``P·b``, gradients ``T·b``, AdamW's two moments ``2·T·b``
   with ``b`` the bytes of ``model.dtype`` (AdamW keeps its state in the parameters' dtype; LoRA's adapters are
-  float32, ``b = 4``, on any base);
+  float32, ``b = 4``, on any base, and their own weights ``4·T`` come beside the base's);
 - DeepSpeed with bf16: bf16 weights ``2·P`` (ZeRO-3: ``/N``), bf16 gradients ``2·T/N``, fp32 master weights and
   moments ``12·T/N``; at 32-true the same with 4-byte weights and gradients;
 - the critic (PPO) a second model of the same size, the KL reference (without LoRA) a third without gradients;
@@ -123,6 +123,8 @@ def estimate(shape: Shape, cfg: Any, world: int, device_bytes: float, on_gpu: bo
         parts["optimizer"] = models * trained * 12 / world  # fp32 master weights + two moments
     else:
         trained_bytes = 4 if lora_rank else weight_bytes  # PEFT keeps adapters in float32 on a 16-bit base
+        if lora_rank:
+            parts["weights"] += models * trained * trained_bytes  # the adapters themselves, beside the base
         parts["gradients"] = models * trained * trained_bytes
         parts["optimizer"] = models * trained * 2 * trained_bytes
     parts["activations"] = _activations(shape, cfg, weight_bytes)
