@@ -6,7 +6,8 @@ the old-policy pass (``perf/old_logprob_s``, absent where the update's own forwa
 ``perf/ref_logprob_s``), the update (``perf/update_s``), the weight push (``perf/weight_sync_s``) and the checkpoint
 (``perf/checkpoint_s``); ``perf/step_s`` is the whole step, measured on its own, so the parts can be checked to add
 up to it. An evaluation is timed on its own (``perf/eval_s``). On CUDA each part ends with a synchronisation: the
-kernels a part launched are counted in it, not in the next.
+kernels a part launched are counted in it, not in the next; the step's peak memory is ``perf/peak_memory_gib`` and
+each timed part's own ``perf/<part>_peak_memory_gib`` (which phase sets the peak: the rollout, or the update).
 """
 
 from __future__ import annotations
@@ -33,21 +34,35 @@ class StepClock:
         self.seconds: dict[str, float] = {}
         self.decoder_positions = 0
         self.logit_positions = torch.zeros((), device=device)  # a tensor: counting adds no sync per micro-batch
+        self.peak_bytes: dict[str, int] = {}  # CUDA: the largest allocation of each part, and of the whole step
 
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def fold_peak(self, name: str | None = None) -> None:
+        """CUDA: fold the allocator's peak since its last reset into the step's (and ``name``'s, at a part's end),
+        then reset it, so that each part's own peak is read (parts do not nest)."""
+        if self.device.type != "cuda":
+            return
+        peak = torch.cuda.max_memory_allocated(self.device)
+        for key in ("step", name) if name else ("step",):
+            self.peak_bytes[key] = max(self.peak_bytes.get(key, 0), peak)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
     @contextmanager
     def part(self, name: str) -> Iterator[None]:
-        """Add the time of the ``with`` block (its CUDA kernels included) to ``perf/<name>_s``."""
+        """Add the time of the ``with`` block (its CUDA kernels included) to ``perf/<name>_s`` and, on CUDA, its
+        peak memory to ``perf/<name>_peak_memory_gib``."""
         self._synchronize()
+        self.fold_peak()
         began = time.perf_counter()
         try:
             yield
         finally:
             self._synchronize()
             self.add(name, time.perf_counter() - began)
+            self.fold_peak(name)
 
     def add(self, name: str, seconds: float) -> None:
         """Add ``seconds`` measured elsewhere (the rollout's, the weight push's) to ``perf/<name>_s``."""
@@ -122,7 +137,8 @@ def perf_metrics(clock: StepClock, flops: float, peak: float, reduce: Callable[.
     """RL step k's ``perf/*`` values: the ``clock``'s parts and the whole step in seconds (means over ranks:
     ``reduce`` sums, or with ``"max"`` takes the largest, over ranks), the update's achieved FLOP/s (``flops``:
     :func:`update_flops`) and its share of the matmul ``peak``, and on CUDA the step's peak memory on the fullest
-    GPU (its rollout and its update; the counter is reset for the next step)."""
+    GPU (its rollout and its update; the counter is reset for the next step) and each timed part's own
+    (``perf/update_peak_memory_gib``: the update's; where the step's is larger, the rollout set it)."""
     seconds = {f"perf/{part}_s": clock.seconds[part] for part in STEP_PARTS if part in clock.seconds}
     seconds["perf/step_s"] = clock.elapsed()
     total = reduce(torch.tensor(list(seconds.values()), device=clock.device)) / world_size
@@ -130,9 +146,10 @@ def perf_metrics(clock: StepClock, flops: float, peak: float, reduce: Callable[.
     flops_per_s = flops / max(metrics["perf/update_s"], 1e-9)
     metrics |= {"perf/update_flops_per_s": flops_per_s, "perf/update_peak_share": flops_per_s / peak}
     if clock.device.type == "cuda":
-        memory = torch.tensor(float(torch.cuda.max_memory_allocated(clock.device)), device=clock.device)
-        metrics["perf/peak_memory_gib"] = float(reduce(memory, "max")) / 2**30
-        torch.cuda.reset_peak_memory_stats(clock.device)
+        clock.fold_peak()
+        names = [f"perf/{'' if part == 'step' else part + '_'}peak_memory_gib" for part in clock.peak_bytes]
+        memory = torch.tensor([float(b) for b in clock.peak_bytes.values()], device=clock.device)
+        metrics |= dict(zip(names, (reduce(memory, "max") / 2**30).tolist()))
     return metrics
 
 

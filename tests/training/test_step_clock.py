@@ -85,3 +85,39 @@ def test_the_step_line_leaves_out_an_old_policy_pass_that_did_not_run():
                "perf/weight_sync_s": 0.01, "perf/update_flops_per_s": 50e9}
     line = step_line(0, seconds, peak=100e9)
     assert "old policy" not in line and line.startswith("step 0 took 6.0 s: rollout 2.0 s (gen 1.5, env 0.5), update 4.0 s")
+
+
+class FakeAllocator:
+    """torch.cuda's peak-memory counter on a machine without CUDA: ``allocate`` raises the peak, a reset lowers it
+    to what is held now."""
+
+    def __init__(self, monkeypatch):
+        self.held = self.peak = 0
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: self.peak)
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: setattr(self, "peak", self.held))
+
+    def allocate(self, nbytes: int) -> None:
+        self.peak = max(self.peak, self.held + nbytes)
+
+
+def test_a_part_keeps_its_own_peak_memory_and_the_step_keeps_the_largest(monkeypatch):
+    """The rollout's 7 GiB peak (before any timed part) stays the step's; the update's own is its 5 GiB, not 7."""
+    allocator, gib = FakeAllocator(monkeypatch), 2**30
+    clock = StepClock(torch.device("cpu"))
+    clock.device = torch.device("cuda")  # a CUDA step's clock; its counters stay on this machine's CPU
+    allocator.allocate(7 * gib)  # generation's KV cache, freed before the update
+    with clock.part("update"):
+        allocator.allocate(5 * gib)
+    with clock.part("weight_sync"):
+        allocator.allocate(1 * gib)
+    clock.fold_peak()
+    assert clock.peak_bytes == {"step": 7 * gib, "update": 5 * gib, "weight_sync": 1 * gib}
+
+
+def test_a_part_on_the_cpu_keeps_no_peak_memory():
+    clock = StepClock(torch.device("cpu"))
+    with clock.part("update"):
+        pass
+    clock.fold_peak()
+    assert clock.peak_bytes == {}
