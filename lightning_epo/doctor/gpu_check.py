@@ -6,7 +6,12 @@ runs it, then a table of generation tokens/s, update time and peak GPU memory:
   SmolLM2-135M-Instruct where its files exist (``make smollm2``);
 - ``rollout=vllm`` (with ``.venv-vllm``'s Python) and vLLM's log-probs after a weight push against the trainer's
   (benchmarks/vllm_logprob_check.py at bfloat16: mean |difference| <= 2e-2, 99th percentile <= 0.2);
-- DeepSpeed ZeRO-2 and ZeRO-3 on one GPU, and with two or more GPUs DDP, ZeRO-2 and ZeRO-3 on two.
+- DeepSpeed ZeRO-2 and ZeRO-3 on one GPU, and with two or more GPUs DDP, ZeRO-2 and ZeRO-3 on two;
+- Qwen2.5-1.5B's shape (its config.json in data/model_shapes, random weights drawn on the GPU:
+  lightning_epo/models/shaped.py) as a user of a real model runs it: GRPO+EPO, bf16, LoRA r 32, gradient
+  checkpointing, the hf engine, rows as long as the prompt and answer caps (the random model answers to the cap,
+  the prompt cap is just above the prompt's fixed text). Its step's parts, the update's share of the bf16 matmul
+  peak, and its peak memory against the doctor's estimate for the same configuration: more than 20 % off fails.
 
 A case whose piece is not installed here is reported ``missing`` with what installs it, never as passed. Exits 1
 when a case fails or nothing can run (no CUDA device: one line saying so).
@@ -26,11 +31,19 @@ from pathlib import Path
 
 import torch
 
-from lightning_epo.doctor.checks import REPO
+from lightning_epo.doctor.checks import REPO, compose_run
+from lightning_epo.doctor.memory import GIB, Shape, estimate
+from lightning_epo.models.shaped import SHAPES, build_shaped_model
+
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 SMOLLM2 = REPO / "data" / "smollm2-135m-instruct"
 TWO_STEPS = ("~experiment", "debug=fast", "logger=csv", "~callbacks.progress_bar", "test_every=1000", "model=tiny")
 CASE_TIMEOUT_S = 150
+# A real model's case: GRPO+EPO with LoRA on a bf16 base (as experiment=alfworld_1gpu); 3 turns of 192-token prompts
+# (the fixed text is 143 tokens) and 128-token answers fill whole 4096-token micro-batches.
+QWEN_1_5B = ("model=qwen2.5-1.5b", "algo=grpo_epo", "model.lora.r=32", "model.lora.alpha=64",
+             "model.max_prompt_tokens=192", "rollout.max_new_tokens=128")
+ESTIMATE_TOLERANCE = 0.2  # the measured peak memory within 20 % of the doctor's estimate
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,8 @@ class Case:
     python: str = sys.executable
     command: tuple[str, ...] = ()
     missing: str | None = None
+    shape: Path | None = None  # a folder with a config.json: the case runs that shape with random weights
+    timeout_s: int = CASE_TIMEOUT_S
 
 
 @dataclass
@@ -76,6 +91,8 @@ def cases(gpus: int, trainer: str = "trainer=gpu") -> list[Case]:
         Case("tiny, rollout=vllm", (*single, "rollout=vllm"), python=vllm or "", missing=no_vllm),
         Case("vLLM log-probs (bf16)", command=("benchmarks/vllm_logprob_check.py", "--dtype", "bfloat16"),
              python=vllm or "", missing=no_vllm),
+        Case("Qwen2.5-1.5B (random weights), LoRA r=32", (*single, *QWEN_1_5B), shape=SHAPES / "qwen2.5-1.5b-instruct",
+             timeout_s=300),
     ]
     for stage in (2, 3):
         found.append(Case(f"tiny, ZeRO-{stage}, 1 GPU", (*single, f"trainer=deepspeed_stage_{stage}",
@@ -88,19 +105,43 @@ def cases(gpus: int, trainer: str = "trainer=gpu") -> list[Case]:
     return found
 
 
+MEANS = ("perf/step_s", "perf/gen_s", "perf/gen_tokens_per_s", "perf/update_s", "perf/update_peak_share")
+LARGEST = ("perf/peak_memory_gib", "perf/update_peak_memory_gib")
+
+
 def figures(run_dir: Path) -> dict[str, float]:
-    """Generation tokens/s and update seconds (means over the RL steps) and the peak GPU memory (the largest)."""
+    """The step's parts, generation tokens/s and the update's share of the matmul peak (means over the RL steps) and
+    the peak GPU memory, of the step and of its update (the largest)."""
     rows = list(csv.DictReader((run_dir / "csv" / "metrics.csv").open()))
 
     def values(name: str) -> list[float]:
         return [float(row[name]) for row in rows if row.get(name)]
 
-    found = {}
-    for name, combine in (("perf/gen_tokens_per_s", "mean"), ("perf/update_s", "mean"),
-                          ("perf/peak_memory_gib", "max")):
-        if values(name):
-            found[name] = max(values(name)) if combine == "max" else sum(values(name)) / len(values(name))
-    return found
+    found = {name: sum(values(name)) / len(values(name)) for name in MEANS if values(name)}
+    return found | {name: max(values(name)) for name in LARGEST if values(name)}
+
+
+def shaped_model(shape: Path, out: Path) -> Path:
+    """The random-weight model of ``shape`` (a folder with a config.json), built under ``out`` on first use."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return build_shaped_model(shape, out / f"{shape.name}-random", device=device)
+
+
+def against_estimate(result: Result, overrides: list[str], model: Path) -> Result:
+    """``result`` with the doctor's estimate for the run's configuration, failed where the measured peak is more
+    than :data:`ESTIMATE_TOLERANCE` off it (on a machine without CUDA nothing is measured to hold against it)."""
+    cfg, _ = compose_run(overrides)
+    capacity = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 80 * GIB
+    guess = estimate(Shape.from_dir(model), cfg, 1, capacity, on_gpu=True)
+    result.figures["estimate_gib"] = guess.total / GIB
+    result.note = f"estimate: {guess.describe()}"
+    peak = result.figures.get("perf/peak_memory_gib")
+    if peak is not None and abs(peak / result.figures["estimate_gib"] - 1) > ESTIMATE_TOLERANCE:
+        result.status = "FAILED"
+        off = 100 * (peak / result.figures["estimate_gib"] - 1)
+        result.note = f"peak {peak:.2f} GiB, {off:+.0f} % against the {result.note}: more than " \
+                      f"{100 * ESTIMATE_TOLERANCE:.0f} % off"
+    return result
 
 
 ERROR_LINE = re.compile(r"^(error:|[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b)")
@@ -117,28 +158,35 @@ def run_case(case: Case, out: Path) -> Result:
     if case.missing:
         return Result(case, "missing", note=case.missing)
     run_dir = out / "".join(c if c.isalnum() else "-" for c in case.name.lower())
-    command = [case.python, *case.command] if case.command else \
-        [case.python, "train.py", *case.overrides, f"hydra.run.dir={run_dir}"]
+    model = shaped_model(case.shape, out) if case.shape else None
+    overrides = [*case.overrides, *([f"model.name_or_path={model}"] if model else []), f"hydra.run.dir={run_dir}"]
+    command = [case.python, *case.command] if case.command else [case.python, "train.py", *overrides]
     start = time.perf_counter()
     try:
-        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=case.timeout_s)
     except subprocess.TimeoutExpired:
-        return Result(case, "FAILED", CASE_TIMEOUT_S, note=f"still running after {CASE_TIMEOUT_S} s")
+        return Result(case, "FAILED", case.timeout_s, note=f"still running after {case.timeout_s} s")
     seconds = time.perf_counter() - start
     if done.returncode != 0:
-        return Result(case, "FAILED", seconds, note=f"exit {done.returncode}: {error_line(done.stdout + done.stderr)[:150]}")
+        why = error_line(done.stdout + done.stderr)[:150]
+        return Result(case, "FAILED", seconds, note=f"exit {done.returncode}: {why}")
     if case.command:
         return Result(case, "passed", seconds, note=done.stdout.strip().splitlines()[-1])
-    return Result(case, "passed", seconds, figures(run_dir))
+    result = Result(case, "passed", seconds, figures(run_dir))
+    return against_estimate(result, overrides, model) if model else result
+
+
+COLUMNS = {"step s": ("perf/step_s", 2, 1), "gen s": ("perf/gen_s", 2, 1),
+           "gen tokens/s": ("perf/gen_tokens_per_s", 0, 1), "update s": ("perf/update_s", 2, 1),
+           "update % of matmul peak": ("perf/update_peak_share", 1, 100), "peak GiB": ("perf/peak_memory_gib", 2, 1),
+           "update peak GiB": ("perf/update_peak_memory_gib", 2, 1), "estimate GiB": ("estimate_gib", 2, 1)}
 
 
 def table(results: list[Result]) -> str:
-    """A markdown table of the results."""
-    lines = ["| case | result | s | gen tokens/s | update s | peak GiB | note |", "|---|---|---|---|---|---|---|"]
+    """A markdown table of the results (a run's figures: means over its RL steps; memory: the largest)."""
+    lines = [f"| case | result | s | {' | '.join(COLUMNS)} | note |", "|---" * (len(COLUMNS) + 4) + "|"]
     for r in results:
-        f = r.figures
-        cells = [f"{f[k]:.{d}f}" if k in f else "" for k, d in
-                 (("perf/gen_tokens_per_s", 0), ("perf/update_s", 2), ("perf/peak_memory_gib", 2))]
+        cells = [f"{r.figures[k] * scale:.{d}f}" if k in r.figures else "" for k, d, scale in COLUMNS.values()]
         lines.append(f"| {r.case.name} | {r.status} | {r.seconds:.0f} | {' | '.join(cells)} | {r.note} |")
     return "\n".join(lines)
 
@@ -146,6 +194,7 @@ def table(results: list[Result]) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "outputs" / "gpu-check"), help="where the runs write")
+    parser.add_argument("--cases", nargs="+", metavar="TEXT", help="only the cases whose names contain one of these")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA device is visible on this machine (torch.cuda.is_available() is False): run it on a "
@@ -155,6 +204,8 @@ def main(argv: list[str]) -> int:
     print(f"gpu-check: {gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     results = []
     for case in cases(gpus):
+        if args.cases and not any(text.lower() in case.name.lower() for text in args.cases):
+            continue
         results.append(run_case(case, Path(args.out)))
         print(f"{results[-1].status:<7} {case.name} {results[-1].note}", flush=True)
     print(table(results))

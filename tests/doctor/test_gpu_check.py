@@ -4,14 +4,19 @@ reported missing, never passed."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from lightning_epo.doctor import gpu_check
-from lightning_epo.doctor.gpu_check import Case, cases, run_case, table
+from lightning_epo.doctor.gpu_check import Case, Result, against_estimate, cases, run_case, shaped_model, table
+from lightning_epo.doctor.memory import KNOWN_SHAPES, Shape
+from lightning_epo.models.shaped import SHAPES, build_shaped_model
 from lightning_epo.runtime.config import check_machine, validate
 from tests.integration.test_paper_experiments import shipped
 
@@ -24,12 +29,42 @@ def test_without_cuda_it_says_so_in_one_line_and_fails():
     assert done.stdout.strip().splitlines() == [done.stdout.strip()] and "no CUDA device" in done.stdout
 
 
+@pytest.fixture
+def small_shape(tmp_path):
+    """Qwen2.5-1.5B's config.json shrunk to a few layers of width 64 and a 4096-token vocabulary."""
+    config = json.loads((SHAPES / "qwen2.5-1.5b-instruct" / "config.json").read_text())
+    config |= {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+               "num_key_value_heads": 1, "vocab_size": 4096}
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "config.json").write_text(json.dumps(config))
+    return tmp_path / "small"
+
+
+@pytest.fixture
+def small_model(small_shape, tmp_path):
+    """The small shape's random-weight model, built on the CPU (before a test pretends to have a GPU)."""
+    return build_shaped_model(small_shape, tmp_path / "small-random")
+
+
+def test_the_shipped_shape_is_qwen2_5_1_5b():
+    assert Shape.from_dir(SHAPES / "qwen2.5-1.5b-instruct") == KNOWN_SHAPES["Qwen/Qwen2.5-1.5B-Instruct"]
+
+
+def test_a_shaped_model_has_its_config_s_shape_and_loads_as_a_model_directory(small_shape, tmp_path):
+    model = shaped_model(small_shape, tmp_path)
+    assert Shape.from_dir(model) == Shape.from_dir(small_shape)
+    assert shaped_model(small_shape, tmp_path) == model  # kept, not rebuilt
+    loaded = AutoModelForCausalLM.from_pretrained(model)
+    assert loaded.dtype == torch.bfloat16 and loaded.config.vocab_size == 4096
+
+
 @pytest.mark.parametrize("gpus", [1, 2])
-def test_every_train_case_passes_the_start_checks_of_a_gpu_machine(gpu_machine, gpus):
+def test_every_train_case_passes_the_start_checks_of_a_gpu_machine(small_model, gpu_machine, gpus):
     runs = [case for case in cases(gpus) if not case.command]
-    assert len(runs) == (7 if gpus == 1 else 10)
+    assert len(runs) == (8 if gpus == 1 else 11)
     for case in runs:
-        cfg = shipped(*case.overrides)
+        model = [f"model.name_or_path={small_model}"] if case.shape else []
+        cfg = shipped(*case.overrides, *model)
         validate(cfg)
         check_machine(cfg)
         assert cfg.trainer.accelerator == "gpu" and cfg.total_steps == 2
@@ -77,3 +112,25 @@ def test_a_failing_case_reports_its_error_not_the_lines_after_it(tmp_path):
     result = run_case(Case("broken", command=("-c", script)), tmp_path)
     assert result.status == "FAILED"
     assert "RuntimeError: Expected a 'cuda' device type for generator" in result.note
+
+
+@pytest.mark.slow  # the random model answers to the 128-token cap in bf16: minutes on a CPU without native bf16
+def test_the_shaped_case_runs_on_cpu_and_reports_the_doctor_s_estimate(small_shape, tmp_path):
+    """Qwen2.5-1.5B's case as shipped but for the trainer and a small shape: it passes with its step's parts and the
+    estimate for its configuration (no peak memory on a CPU to hold against it)."""
+    case = replace(next(case for case in cases(1, trainer="trainer=cpu") if case.shape), shape=small_shape)
+    result = run_case(case, tmp_path)
+    assert result.status == "passed", result.note
+    assert result.figures["perf/step_s"] >= result.figures["perf/gen_s"] > 0 and result.figures["perf/update_s"] > 0
+    assert result.figures["estimate_gib"] > 0 and result.note.startswith("estimate: weights")
+
+
+@pytest.mark.parametrize("peak, status", [(1.15, "passed"), (0.85, "passed"), (1.25, "FAILED"), (0.7, "FAILED")])
+def test_a_peak_more_than_20_percent_off_the_estimate_fails(small_shape, tmp_path, peak, status):
+    """``peak``: the measured peak memory as a multiple of the estimate."""
+    case = next(case for case in cases(1) if case.shape)
+    overrides = [*case.overrides, f"model.name_or_path={small_shape}"]
+    estimated = against_estimate(Result(case, "passed"), overrides, small_shape).figures["estimate_gib"]
+    result = against_estimate(Result(case, "passed", figures={"perf/peak_memory_gib": peak * estimated}), overrides,
+                              small_shape)
+    assert result.status == status and ("more than 20 % off" in result.note) == (status == "FAILED")
