@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from lightning_epo.doctor.checks import REPO, compose_run
+from lightning_epo.doctor.checks import ASSUMED_GPU_BYTES, REPO, compose_run
 from lightning_epo.doctor.memory import GIB, Shape, estimate
 from lightning_epo.models.shaped import SHAPES, build_shaped_model
 
@@ -132,7 +132,7 @@ def against_estimate(result: Result, overrides: list[str], model: Path) -> Resul
     """``result`` with the doctor's estimate for the run's configuration, failed where the measured peak is more
     than :data:`ESTIMATE_TOLERANCE` off it (on a machine without CUDA nothing is measured to hold against it)."""
     cfg, _ = compose_run(overrides)
-    capacity = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 80 * GIB
+    capacity = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else ASSUMED_GPU_BYTES
     guess = estimate(Shape.from_dir(model), cfg, 1, capacity, on_gpu=True)
     result.figures["estimate_gib"] = estimated = guess.total / GIB
     result.note = f"estimate: {guess.describe()}"

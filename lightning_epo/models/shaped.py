@@ -13,7 +13,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from lightning_epo.models.export import staged_directory
-from lightning_epo.models.tiny import ENDOFTEXT, RECORDED_BUILD_SETTINGS, TOKENIZER_CORPUS, build_tokenizer
+from lightning_epo.models.tiny import (ENDOFTEXT, RECORDED_BUILD_SETTINGS, TOKENIZER_CORPUS, build_tokenizer,
+                                      stop_at_chat_end)
 
 SHAPES = Path(__file__).resolve().parents[2] / "data" / "model_shapes"
 
@@ -32,8 +33,7 @@ def build_shaped_model(config_dir: Path, path: Path, *, dtype: torch.dtype = tor
     with staged_directory(path) as staging, torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.pad_token_id]
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        stop_at_chat_end(model, tokenizer)
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
     return path

@@ -160,10 +160,14 @@ def random_qwen2(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
-    # As Qwen2.5-Instruct's generation_config.json: stop at <|im_end|> or <|endoftext|>.
+    stop_at_chat_end(model, tokenizer)
+    return model
+
+
+def stop_at_chat_end(model: torch.nn.Module, tokenizer: Qwen2Tokenizer) -> None:
+    """As Qwen2.5-Instruct's generation_config.json: ``model`` stops at <|im_end|> or <|endoftext|>."""
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.pad_token_id]
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model
 
 
 # The build arguments that config.json does not show (vocab_size bounds the BPE, seed draws the weights), with their
