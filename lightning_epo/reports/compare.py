@@ -24,14 +24,15 @@ at start. A run whose checkpoint records it finished is skipped; a stopped one r
 command again after a stop; ``--status`` prints where each run stands, with the finished runs' success, and runs
 nothing.
 
-The report (``DIR/report.md``, and the figures in ``DIR/figures``): per arm the final evaluation's success (the last
-``val/<split>/success`` of each run), pooled over seeds with its 95 % Wilson interval; per seed each arm's paired
-difference against the baseline (and each contrast's: the first arm against the second); the mean paired difference over
-seeds with a 95 % interval from a two-level bootstrap (seeds drawn with replacement, then each drawn run's episodes
-redrawn from its observed rate; the seed is the unit of pairing, so this carries both the spread of training over seeds
-and the evaluation's sampling noise, and with few seeds it is too narrow rather than too wide); the entropy of early and
-late turns and the share of mixed groups per RL step, overlaid per arm (``reports.plot``); each run's wall time
-(``DIR/timings.tsv``); and every run's command.
+The report (``DIR/report-<PLAN>.md``, and the figures in ``DIR/figures/<PLAN>``: plans may share a folder, and with it
+their seeds' warm starts): per arm the final evaluation's success (the last ``val/<split>/success`` of each run), pooled
+over seeds with its 95 % Wilson interval; per seed each arm's paired difference against the baseline (and each
+contrast's: the first arm against the second); the mean paired difference over seeds with a 95 % interval from a
+two-level bootstrap (seeds drawn with replacement, then each drawn run's episodes redrawn from its observed rate; the
+seed is the unit of pairing, so this carries both the spread of training over seeds and the evaluation's sampling noise,
+and with few seeds it is too narrow rather than too wide); the entropy of early and late turns and the share of mixed
+groups per RL step, overlaid per arm (``reports.plot``); each run's wall time (``DIR/timings.tsv``); and every run's
+command.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def compare(plan_path: Path, out: Path, python: str = sys.executable) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     check_shared_warm_starts(plan, out)
     run_all(plan, out, python)
-    path = out / "report.md"
+    path = out / f"report-{plan.name}.md"
     path.write_text(report(plan, out))
     return path
 

@@ -4,6 +4,7 @@ once per seed and shared by both arms, a stopped run resumed, finished runs skip
 from __future__ import annotations
 
 import re
+import statistics
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ from lightning_epo.reports.compare import compare
 from lightning_epo.reports.comparison.plan import Plan, run_dir
 from lightning_epo.reports.comparison.report import paired_interval, status
 from lightning_epo.reports.comparison.runner import command, link_warm_start
-from lightning_epo.reports.run_history import wandb_records, wandb_run_files
+from lightning_epo.reports.run_history import load_run, wandb_records, wandb_run_files
 from lightning_epo.reports.summary import Evaluation
 
 SHRUNK = ["total_steps=2", "test_every=2", "val_at_start=false", "env.val_size=4", "env.max_turns=3",
@@ -26,7 +27,7 @@ SHRUNK = ["total_steps=2", "test_every=2", "val_at_start=false", "env.val_size=4
 def write_plan(path, tiny_model_path, arms, contrasts=()):
     path.write_text(yaml.safe_dump({"experiment": "gridworld_learn", "seeds": [0, 1],
                                     "common": [f"model.name_or_path={tiny_model_path}", *SHRUNK], "arms": arms,
-                                    "contrasts": [list(pair) for pair in contrasts]}))
+                                    "contrasts": [list(pair) for pair in contrasts]}, sort_keys=False))
     return path
 
 
@@ -64,6 +65,11 @@ def test_two_arms_two_seeds_share_each_seeds_warm_start_resume_a_stopped_run_and
         low, high = (float(x) for x in against_baseline[4:])  # the interval mirrored, up to the bootstrap's own noise
         assert [-high, -low] == pytest.approx([float(x) for x in contrast[4:]], abs=0.05)
     assert "entropy_turns.png" in report
+    early_table = report.split("### Early-turn entropy")[1].split("###")[0]
+    for arm in ("ppo", "ppo_epo"):  # the figures' curves as numbers: each step's mean over the two seeds
+        early = [load_run(run_dir(out, arm, seed)).history["entropy/early_turns"] for seed in (0, 1)]
+        means = [f"{statistics.fmean([y0, y1]):.3f}" for (_, y0), (_, y1) in zip(*early)]
+        assert len(means) == 2 and f"| {arm} | {' | '.join(means)} |" in early_table, early_table
     for arm in ("ppo", "ppo_epo"):  # wandb (offline): one group per arm, its seeds side by side
         for seed in (0, 1):
             runs = [r.run for f in wandb_run_files(run_dir(out, arm, seed)) for r in wandb_records(f)
@@ -79,6 +85,21 @@ def test_two_arms_two_seeds_share_each_seeds_warm_start_resume_a_stopped_run_and
 
     assert compare(plan_path, out).read_text() == report  # finished runs are skipped: nothing runs again
     assert (out / "commands.txt").read_text().splitlines() == commands
+
+    # A second plan sharing the folder (its seeds' warm starts): its own report and figures, the first plan's kept;
+    # each report's total counts its own plan's runs only (a run of another plan, 10 minutes, is in timings.tsv).
+    with (out / "timings.tsv").open("a") as timings, (out / "commands.txt").open("a") as ran:
+        timings.write("other_arm\t0\t2026-11-28T00:00:00\t600.0\t0\n")
+        ran.write(f"python train.py hydra.run.dir={run_dir(out, 'other_arm', 0)}\n")
+    reversed_plan = write_plan(tmp_path / "reversed.yaml", tiny_model_path,
+                               {"ppo_epo": ["algo=ppo_epo"], "ppo": ["algo=ppo"]})
+    second = compare(reversed_plan, out)
+    assert second.name == "report-reversed.md" and (out / "report-plan.md").read_text() == report
+    assert "Baseline: ppo_epo." in second.read_text() and "figures/reversed/entropy_turns.png" in second.read_text()
+    assert "figures/plan/entropy_turns.png" in report and (out / "figures" / "plan" / "entropy_turns.png").is_file()
+    totals = [float(re.search(r"All runs: (\d+\.\d) min", text)[1]) for text in (report, second.read_text())]
+    assert totals[0] == pytest.approx(totals[1], abs=0.051), totals  # the same four runs, not the other plan's 10 min
+    assert "other_arm" not in second.read_text() and all(line in second.read_text() for line in commands)
 
 
 def test_arms_that_would_train_different_warm_starts_are_refused(tiny_model_path, tmp_path):

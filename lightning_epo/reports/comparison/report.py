@@ -9,13 +9,15 @@ import numpy as np
 
 from lightning_epo.core.errors import UserError
 from lightning_epo.reports.comparison.plan import LOG, TIMINGS, Plan, finished, last_checkpoint, run_dir
-from lightning_epo.reports.plot import plot_runs
+from lightning_epo.reports.plot import mean_band, plot_runs
 from lightning_epo.reports.run_history import load_run
 from lightning_epo.reports.summary import Evaluation, score_run
 from lightning_epo.reports.wilson import format_rate
 from lightning_epo.training.checkpoint_io import rl_steps_in
 
 SPLITS = ("iid", "ood")
+PER_STEP = {"entropy/early_turns": "Early-turn entropy (nat)", "entropy/late_turns": "Late-turn entropy (nat)",
+            "train/mixed_groups": "Share of groups with mixed outcomes", "train/success": "Training success"}
 BOOTSTRAP_DRAWS = 10_000
 FINISHED = "finished"
 
@@ -90,8 +92,27 @@ def status(plan: Plan, out: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def per_step_tables(plan: Plan, out: Path) -> list[str]:
+    """The figures' curves as numbers: for each metric of ``PER_STEP`` a run logged, each arm's mean over seeds at
+    every RL step (markdown lines)."""
+    runs = {arm: [load_run(run_dir(out, arm, seed)) for seed in plan.seeds] for arm in plan.arms}
+    lines = []
+    for metric, title in PER_STEP.items():
+        curves = {arm: mean_band([run.history[metric] for run in arm_runs if metric in run.history])
+                  for arm, arm_runs in runs.items()}
+        steps = sorted({x for xs, _, _ in curves.values() for x in xs})
+        if not steps:
+            continue
+        lines += ["", f"### {title} (`{metric}`), mean over seeds, per RL step", "",
+                  "| arm | " + " | ".join(f"{x:g}" for x in steps) + " |", "|---|" + "---|" * len(steps)]
+        for arm, (xs, means, _) in curves.items():
+            at = dict(zip(xs, means))
+            lines.append(f"| {arm} | " + " | ".join(f"{at[x]:.3f}" if x in at else "-" for x in steps) + " |")
+    return lines
+
+
 def report(plan: Plan, out: Path) -> str:
-    """The report's markdown (module docstring); draws the figures into ``DIR/figures``."""
+    """The report's markdown (module docstring); draws the figures into ``DIR/figures/<PLAN>``."""
     arms, baseline = list(plan.arms), next(iter(plan.arms))
     finals = {(arm, seed, split): final_evaluation(run_dir(out, arm, seed), split)
               for arm in arms for seed in plan.seeds for split in SPLITS}
@@ -117,15 +138,18 @@ def report(plan: Plan, out: Path) -> str:
             per_seed = " | ".join(f"{a.success - b.success:+.3f}" for a, b in zip(runs, base))
             lines.append(f"| {arm} - {other} | {per_seed} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] |")
     labelled = [f"{arm}={run_dir(out, arm, seed)}" for arm in arms for seed in plan.seeds]
-    figures = plot_runs(labelled, out / "figures")
+    figures = plot_runs(labelled, out / "figures" / plan.name)
     lines += ["", "## Figures (mean and ±1 std over seeds, per arm)", ""]
     lines += [f"- [{path.name}]({path.relative_to(out)})" for path in figures]
     lines += ["", f"In wandb (offline; groups {plan.name}-<arm>): `wandb sync {out}/*/s*/wandb/*run-*`"]
+    lines += ["", "## Per RL step"] + per_step_tables(plan, out)
     spent = wall_seconds(out)
     lines += ["", "## Wall time (the commands this tool ran; a seed's first arm includes its warm start)", "",
               "| arm | " + " | ".join(f"s{seed}" for seed in plan.seeds) + " |", "|---|" + "---|" * len(plan.seeds)]
     lines += [f"| {arm} | " + " | ".join(minutes(spent.get((arm, seed))) for seed in plan.seeds) + " |" for arm in arms]
-    lines += ["", f"All runs: {minutes(sum(spent.values()))}."]
+    lines += ["", f"All runs: {minutes(sum(spent.get((arm, seed), 0.0) for arm in arms for seed in plan.seeds))}."]
     commands = out / "commands.txt"
-    lines += ["", "## Commands", "", "```", *(commands.read_text().splitlines() if commands.exists() else []), "```"]
+    ran = commands.read_text().splitlines() if commands.exists() else []
+    ours = {f"hydra.run.dir={run_dir(out, arm, seed)}" for arm in arms for seed in plan.seeds}
+    lines += ["", "## Commands", "", "```", *(line for line in ran if ours & set(line.split())), "```"]
     return "\n".join(lines) + "\n"
