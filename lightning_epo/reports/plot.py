@@ -156,7 +156,11 @@ def plot_turn_entropy(groups: dict[str, list[Run]], out: Path) -> Path | None:
 
 def plot_runs(run_args: list[str], out: Path) -> list[Path]:
     """Every panel the runs (``DIR`` or ``LABEL=DIR``) have data for; returns the written PNG paths."""
-    runs = [load_run_arg(str(r)) for r in run_args]
+    return plot_loaded_runs([load_run_arg(str(r)) for r in run_args], out)
+
+
+def plot_loaded_runs(runs: list[Run], out: Path) -> list[Path]:
+    """:func:`plot_runs` of runs already loaded (grouped by their labels)."""
     groups = group_runs(runs)
     out.mkdir(parents=True, exist_ok=True)
     written = [plot_metric_panel(p, groups, out) for p in panels_for(runs)] + [plot_turn_entropy(groups, out)]

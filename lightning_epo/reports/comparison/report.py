@@ -9,8 +9,8 @@ import numpy as np
 
 from lightning_epo.core.errors import UserError
 from lightning_epo.reports.comparison.plan import LOG, TIMINGS, Plan, finished, last_checkpoint, run_dir
-from lightning_epo.reports.plot import mean_band, plot_runs
-from lightning_epo.reports.run_history import load_run
+from lightning_epo.reports.plot import mean_band, plot_loaded_runs
+from lightning_epo.reports.run_history import Run, load_run
 from lightning_epo.reports.summary import Evaluation, score_run
 from lightning_epo.reports.wilson import format_rate
 from lightning_epo.training.checkpoint_io import rl_steps_in
@@ -33,12 +33,13 @@ def wall_seconds(out: Path) -> dict[tuple[str, int], float]:
     return spent
 
 
-def final_evaluation(directory: Path, split: str) -> Evaluation:
-    """The last logged ``val/<split>/success`` of the run in ``directory`` with its episode count
+def final_success(run: Run, split: str) -> Evaluation:
+    """The run's last logged ``val/<split>/success`` with its episode count
     (:func:`~lightning_epo.reports.summary.score_run`)."""
-    last = score_run(load_run(directory), f"val/{split}/success", window=1).last
+    last = score_run(run, f"val/{split}/success", window=1).last
     if last.episodes is None:
-        raise UserError(f"{directory} logged no episode count for its final val/{split}/success: rerun its evaluation")
+        raise UserError(f"{run.run_dir} logged no episode count for its final val/{split}/success: rerun its "
+                        "evaluation")
     return last
 
 
@@ -86,16 +87,16 @@ def status(plan: Plan, out: Path) -> str:
         for arm in plan.arms:
             cells = [run_state(out, arm, seed), minutes(spent.get((arm, seed)))] + ["-"] * len(SPLITS)
             if cells[0] == FINISHED:
-                finals = [final_evaluation(run_dir(out, arm, seed), split) for split in SPLITS]
+                run = load_run(run_dir(out, arm, seed))
+                finals = [final_success(run, split) for split in SPLITS]
                 cells[2:] = [format_rate(_wins(f), f.episodes) for f in finals]
             lines.append(f"| {seed} | {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def per_step_tables(plan: Plan, out: Path) -> list[str]:
-    """The figures' curves as numbers: for each metric of ``PER_STEP`` a run logged, each arm's mean over seeds at
-    every RL step (markdown lines)."""
-    runs = {arm: [load_run(run_dir(out, arm, seed)) for seed in plan.seeds] for arm in plan.arms}
+def per_step_tables(runs: dict[str, list[Run]]) -> list[str]:
+    """The figures' curves as numbers: for each metric of ``PER_STEP`` a run logged, each arm's mean over its runs
+    (``{arm: [run of each seed]}``) at every RL step (markdown lines)."""
     lines = []
     for metric, title in PER_STEP.items():
         curves = {arm: mean_band([run.history[metric] for run in arm_runs if metric in run.history])
@@ -114,8 +115,9 @@ def per_step_tables(plan: Plan, out: Path) -> list[str]:
 def report(plan: Plan, out: Path) -> str:
     """The report's markdown (module docstring); draws the figures into ``DIR/figures/<PLAN>``."""
     arms, baseline = list(plan.arms), next(iter(plan.arms))
-    finals = {(arm, seed, split): final_evaluation(run_dir(out, arm, seed), split)
-              for arm in arms for seed in plan.seeds for split in SPLITS}
+    loaded = {arm: [load_run(run_dir(out, arm, seed), label=arm) for seed in plan.seeds] for arm in arms}
+    finals = {(arm, seed, split): final_success(run, split)
+              for arm in arms for seed, run in zip(plan.seeds, loaded[arm]) for split in SPLITS}
     lines = [f"# Comparison: experiment={plan.experiment}, seeds {plan.seeds}", "",
              f"Baseline: {baseline}. Common overrides: {' '.join(plan.common) or 'none'}.", "",
              "## Final success per arm (pooled over seeds, 95 % Wilson interval)", "",
@@ -137,12 +139,11 @@ def report(plan: Plan, out: Path) -> str:
             mean, low, high = paired_interval(runs, base)
             per_seed = " | ".join(f"{a.success - b.success:+.3f}" for a, b in zip(runs, base))
             lines.append(f"| {arm} - {other} | {per_seed} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] |")
-    labelled = [f"{arm}={run_dir(out, arm, seed)}" for arm in arms for seed in plan.seeds]
-    figures = plot_runs(labelled, out / "figures" / plan.name)
+    figures = plot_loaded_runs([run for arm in arms for run in loaded[arm]], out / "figures" / plan.name)
     lines += ["", "## Figures (mean and ±1 std over seeds, per arm)", ""]
     lines += [f"- [{path.name}]({path.relative_to(out)})" for path in figures]
     lines += ["", f"In wandb (offline; groups {plan.name}-<arm>): `wandb sync {out}/*/s*/wandb/*run-*`"]
-    lines += ["", "## Per RL step"] + per_step_tables(plan, out)
+    lines += ["", "## Per RL step"] + per_step_tables(loaded)
     spent = wall_seconds(out)
     lines += ["", "## Wall time (the commands this tool ran; a seed's first arm includes its warm start)", "",
               "| arm | " + " | ".join(f"s{seed}" for seed in plan.seeds) + " |", "|---|" + "---|" * len(plan.seeds)]
