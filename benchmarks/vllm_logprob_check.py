@@ -12,8 +12,12 @@ takes), sample responses at temperature 1, then recompute every sampled token's 
 own code (``actor_token_outputs``). Passes when
 
 - ``|logprob_vllm - logprob_trainer|`` has mean <= ``mean_tol`` and 99th percentile <= ``p99_tol``
-  (float32: 1e-3 / 1e-2; bfloat16, where the two stacks run different kernels: 2e-2 / 0.2), and on CPU in
-  float32, where both run the same fp32 arithmetic up to summation order, its maximum <= 1e-5;
+  (float32: 1e-3 / 1e-2; bfloat16, where the two stacks run different kernels: 2e-2 / 0.2);
+- on CPU in float32, where both run fp32 arithmetic that differs only in summation order: its maximum is
+  <= 1e-5, or vLLM's log-probs are as exact as the trainer's: their largest distance from the float64
+  log-probs of the same tokens (the model's own forward in float64) is at most twice the trainer's. The
+  absolute bound holds on the tiny model (two layers); rounding grows with depth and vocabulary, and on
+  SmolLM2 (30 layers) the trainer's own float32 is 1.9e-5 from exact at most (benchmarks/RESULTS.md, section 11);
 - the push took effect: the samples' log-probs under the *checkpoint's* weights differ at least twice
   as much as under the pushed weights.
 
@@ -23,6 +27,7 @@ Prints the machine, one JSON object, and last ``max_abs_diff X``; exits 1 when t
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from pathlib import Path
@@ -41,6 +46,7 @@ from lightning_epo.rollout.vllm_engine import VLLMEngine  # noqa: E402
 
 TOLERANCES = {"float32": (1e-3, 1e-2), "bfloat16": (2e-2, 0.2), "float16": (2e-2, 0.2)}
 CPU_FLOAT32_MAX_TOL = 1e-5
+FLOAT32_ERROR_RATIO = 2.0  # vLLM's largest float32 error against float64, at most this times the trainer's
 PROMPTS = [
     "You are in a kitchen. Your task is to: put a clean apple in the fridge. What do you do first?",
     "You are in a 6x6 grid. The key is two cells to the north. Reply with <action>...</action>.",
@@ -58,6 +64,39 @@ def trainer_logprobs(actor: torch.nn.Module, prompt: list[int], response: list[i
     mask[0, len(prompt):] = True
     logprob, _ = actor_token_outputs(actor, ids, torch.ones_like(ids), mask)
     return logprob[0, len(prompt):].float().cpu()
+
+
+@torch.no_grad()
+def exact_logprobs(actor64: torch.nn.Module, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """Float64 log-probs (temperature 1) of ``response`` after ``prompt`` from the model's own forward:
+    ``log_softmax(logits[p-1])[token_p]`` with ``actor64`` a float64 copy of the actor, ``[len(response)]``."""
+    device = next(actor64.parameters()).device
+    ids = torch.tensor([prompt + response], device=device)
+    logits = actor64(ids).logits[0, len(prompt) - 1 : -1]  # [len(response), V]
+    targets = torch.tensor(response, device=device)[:, None]
+    return logits.log_softmax(-1).gather(-1, targets).squeeze(-1).cpu()
+
+
+def float32_errors(
+    actor: torch.nn.Module, prompt_ids: list[list[int]], generations: list[Generation]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """How far the engine's and the trainer's float32 log-probs of the generated tokens are from the float64
+    ones (:func:`exact_logprobs`): ``(|logprob_engine - exact|, |logprob_trainer - exact|)``, each flat
+    ``[total response tokens]``, float64."""
+    actor64 = copy.deepcopy(actor).double()
+    exact = [exact_logprobs(actor64, p, g.token_ids) for p, g in zip(prompt_ids, generations)]
+    engine = torch.cat([(torch.tensor(g.logprobs, dtype=torch.float64) - e).abs() for g, e in zip(generations, exact)])
+    trainer = torch.cat([
+        (trainer_logprobs(actor, p, g.token_ids).double() - e).abs()
+        for p, g, e in zip(prompt_ids, generations, exact)
+    ])
+    return engine, trainer
+
+
+def as_exact_as_the_trainer(max_abs_diff: float, engine_error: torch.Tensor, trainer_error: torch.Tensor) -> bool:
+    """The CPU float32 bound on the largest ``|logprob_engine - logprob_trainer|``: at most ``CPU_FLOAT32_MAX_TOL``,
+    or the engine's largest error against float64 at most ``FLOAT32_ERROR_RATIO`` times the trainer's."""
+    return max_abs_diff <= CPU_FLOAT32_MAX_TOL or bool(engine_error.max() <= FLOAT32_ERROR_RATIO * trainer_error.max())
 
 
 @torch.no_grad()
@@ -103,22 +142,29 @@ def check(model_cfg: dict[str, Any], prompts: int = 16, max_new_tokens: int = 64
     texts = [PROMPTS[i % len(PROMPTS)] for i in range(prompts)]
     prompt_ids = [tokenizer(t)["input_ids"] for t in texts]
     generations, diff = sample_and_compare(engine, actor, prompt_ids, max_new_tokens)
+    cpu_float32 = (device, dtype) == ("cpu", "float32")
+    if cpu_float32:  # before the weights go back: the float64 reference is the pushed weights'
+        engine_error, trainer_error = float32_errors(actor, prompt_ids, generations)
     with torch.no_grad():
         for name, p in actor.named_parameters():
             p.copy_(original[name])
     diff_before = logprob_diffs(actor, prompt_ids, generations)
     mean_tol, p99_tol = TOLERANCES[dtype]
-    max_tol = CPU_FLOAT32_MAX_TOL if (device, dtype) == ("cpu", "float32") else None
     report = {
         "model": model_cfg["name_or_path"], "dtype": dtype, "device": device, "tokens": int(diff.numel()),
         "mean_abs_diff": float(diff.mean()), "p99_abs_diff": float(diff.quantile(0.99)),
         "max_abs_diff": float(diff.max()),
         "mean_abs_diff_vs_checkpoint": float(diff_before.mean()), "mean_tol": mean_tol, "p99_tol": p99_tol,
-        "max_tol": max_tol,
     }
+    if cpu_float32:
+        report |= {
+            "max_tol": CPU_FLOAT32_MAX_TOL, "float32_error_ratio": FLOAT32_ERROR_RATIO,
+            "vllm_max_error_vs_float64": float(engine_error.max()),
+            "trainer_max_error_vs_float64": float(trainer_error.max()),
+        }
     report["passed"] = (
         report["mean_abs_diff"] <= mean_tol and report["p99_abs_diff"] <= p99_tol
-        and (max_tol is None or report["max_abs_diff"] <= max_tol)
+        and (not cpu_float32 or as_exact_as_the_trainer(report["max_abs_diff"], engine_error, trainer_error))
         and report["mean_abs_diff_vs_checkpoint"] >= 2 * report["mean_abs_diff"]
     )
     engine.close()
