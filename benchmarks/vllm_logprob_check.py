@@ -13,7 +13,7 @@ own code (``actor_token_outputs``). Passes when
 
 - ``|logprob_vllm - logprob_trainer|`` has mean <= ``mean_tol`` and 99th percentile <= ``p99_tol``
   (float32: 1e-3 / 1e-2; bfloat16, where the two stacks run different kernels: 2e-2 / 0.2);
-- on CPU in float32, where both run fp32 arithmetic that differs only in summation order: its maximum is
+- on CPU in float32 (both stacks round in fp32, each its own way): its maximum is
   <= 1e-5, or vLLM's log-probs are as exact as the trainer's: their largest distance from the float64
   log-probs of the same tokens (the model's own forward in float64) is at most twice the trainer's. The
   absolute bound holds on the tiny model (two layers); rounding grows with depth and vocabulary, and on
