@@ -140,7 +140,10 @@ def decoder_hidden_states(
         return _computed_hidden_states(decoder, input_ids, attention_mask, sharing.prefix)
     computed = sharing.computed
     hidden = _computed_hidden_states(decoder, input_ids[computed], attention_mask[computed], sharing.prefix)
-    return hidden[sharing.source]  # [N, L, d]: the longest row is a host, so L is the rows' length
+    # [N, L, d]: the longest row is a host, so L is the rows' length. index_select, not hidden[source]: on a CPU the
+    # indexing's backward adds a host's rows with atomic float adds across threads, in an order that changes from run
+    # to run (two identical runs parted at RL step 1); index_select's backward adds them one index after the other
+    return hidden.index_select(0, sharing.source)
 
 
 def _computed_hidden_states(

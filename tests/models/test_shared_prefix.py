@@ -127,3 +127,38 @@ def test_critic_values_and_gradients_equal_the_plain_forward(tiny_model_path, sh
     torch.testing.assert_close(shared, plain, rtol=1e-5, atol=1e-6)
     for name, grad in plain_grads.items():
         torch.testing.assert_close(shared_grads[name], grad, rtol=1e-4, atol=1e-5 * grad.abs().max().item(), msg=name)
+
+
+class _EmbeddingDecoder(torch.nn.Module):
+    """A decoder whose hidden states are its input embeddings (``[N, L, 512]``): what folding does to the gradient,
+    with nothing else in the backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 512)
+
+    def forward(self, input_ids, attention_mask, use_cache):
+        return type("Output", (), {"last_hidden_state": self.embed(input_ids)})
+
+
+def test_folded_rows_give_the_same_gradient_bits_on_every_backward():
+    """The same computation on the same tensors on two threads gives the same bits (identity is the point: DESIGN's
+    bit-for-bit promise, issue 46). Reading each folded row from its host gathers the hosts' hidden states with
+    repeated indices; the gather's backward adds each host's rows into it. Indexed (``hidden[source]``), that sum ran
+    as atomic float adds across threads on a CPU in any order, and two identical runs parted at RL step 1."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        decoder = _EmbeddingDecoder()
+        hosts = torch.arange(16) % 4  # rows 4, 8 and 12 begin row 0, rows 5, 9 and 13 row 1, ...
+        input_ids = torch.randint(0, 64, (16, 64), generator=torch.Generator().manual_seed(0))
+        weights = torch.randn(16, 64, 512, generator=torch.Generator().manual_seed(1))
+        grads = []
+        for _ in range(100):
+            decoder.zero_grad(set_to_none=True)
+            hidden = decoder_hidden_states(decoder, input_ids, torch.ones_like(input_ids), Sharing.from_hosts(hosts))
+            (hidden * weights).sum().backward()
+            grads.append(decoder.embed.weight.grad)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(grad, grads[0]) for grad in grads)
