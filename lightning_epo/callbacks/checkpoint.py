@@ -6,6 +6,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_epo.training.checkpoint_io import EVALUATED_AT, evaluation_due
 
@@ -13,7 +14,8 @@ from lightning_epo.training.checkpoint_io import EVALUATED_AT, evaluation_due
 class RLStepCheckpoint(ModelCheckpoint):
     """A ModelCheckpoint that saves ``last.ckpt`` (and a periodic ``step=K.ckpt``) after every
     ``every_n_rl_steps`` completed RL steps, at a ``stop_at_step`` stop, after the step in which a preemption
-    signal arrived (``trainer.received_sigterm``, see :mod:`lightning_epo.runtime.preemption`), before an
+    signal arrived (``trainer.received_sigterm``, see :mod:`lightning_epo.runtime.preemption`) or, where it arrived
+    after that step's checkpoint hook had looked, when Lightning stops the run for it (:meth:`on_exception`), before an
     evaluation (``test_every``: a preemption inside it stops the run between two turns, and the resumed run plays it
     from this step), again after that evaluation (recording it), and at the end of training.
 
@@ -53,6 +55,18 @@ class RLStepCheckpoint(ModelCheckpoint):
             # episodes, past a job's grace period); the resumed run plays it first (runtime/run.py). After the last
             # step the evaluation runs: a finished run's checkpoint counts as evaluated.
             trainer.limit_val_batches = 0
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """Save the completed step that a preemption signal stopped unsaved. Lightning stops a run for the signal
+        between two steps (``SIGTERMException``, after the step's last hooks and the loggers' write); a signal that
+        arrived after :meth:`on_train_batch_end` had looked (a later callback's hook, the write: milliseconds a step)
+        stopped it with nothing saved since the last periodic checkpoint (up to ``every_n_rl_steps - 1`` steps lost).
+        Lightning raises it only between steps or evaluation batches (a step's checkpoint is written before its
+        evaluation), so an unsaved global step is a completed RL step. One process only: in a distributed run the
+        other ranks may not have stopped where this one did, and a save is collective."""
+        if isinstance(exception, SIGTERMException) and trainer.world_size == 1 and \
+                not self._should_skip_saving_checkpoint(trainer):  # skipped where this global step is saved
+            self._save(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Record a finished evaluation; where it follows a step whose checkpoint is written, write that again, so
