@@ -9,6 +9,7 @@ from pathlib import Path
 import hydra
 import lightning as L
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
 from lightning_epo.callbacks.wandb_setup import finish_wandb_run
@@ -89,6 +90,9 @@ def _train_or_evaluate(cfg: DictConfig, run_dir: Path, overrides: list[str] | No
             trainer.validate(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True,
                              verbose=False)  # SuccessReport logs its line, no table
             datamodule.fit_follows = False
+            if trainer.received_sigterm:  # arrived after the evaluation's last episode: fit would clear the flag
+                datamodule.teardown("fit")
+                raise SIGTERMException  # preemption.py: the run stops, 143 / 130
         # weights_only passed, not left to torch's default, which TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 turns off
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except BaseException:
