@@ -1,7 +1,8 @@
 """The 95 % Wilson score interval of a success rate over n episodes, which every success rate of the project's tables
-carries:
+carries, and Newcombe's interval for the difference of two such rates (two arms' final evaluations):
 
     python -m lightning_epo.reports.wilson SUCCESSES EPISODES     # e.g. 8 16 -> 50.0 [28.0, 72.0], n=16
+    python -m lightning_epo.reports.wilson S1 N1 S2 N2            # e.g. 56 70 48 80 -> +0.200 [+0.052, +0.334]
 """
 
 from __future__ import annotations
@@ -29,6 +30,22 @@ def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, fl
     return max(0.0, (centre - half) / scale), min(1.0, (centre + half) / scale)
 
 
+def newcombe_interval(successes_1: float, n_1: int, successes_2: float, n_2: int,
+                      z: float = Z95) -> tuple[float, float]:
+    """The interval of ``p1 - p2`` for two independent binomial proportions from their Wilson intervals
+    ``(l1, u1)``, ``(l2, u2)`` (R. G. Newcombe, "Interval estimation for the difference between independent
+    proportions", Statistics in Medicine 17 (1998) 873-890, method 10):
+
+        (p1 - p2 - sqrt((p1 - l1)² + (u2 - p2)²),  p1 - p2 + sqrt((u1 - p1)² + (p2 - l2)²))
+
+    Returns (low, high) as fractions."""
+    p_1, p_2 = successes_1 / n_1, successes_2 / n_2
+    (low_1, high_1), (low_2, high_2) = wilson_interval(successes_1, n_1, z), wilson_interval(successes_2, n_2, z)
+    difference = p_1 - p_2
+    return (difference - math.sqrt((p_1 - low_1) ** 2 + (high_2 - p_2) ** 2),
+            difference + math.sqrt((high_1 - p_1) ** 2 + (p_2 - low_2) ** 2))
+
+
 def format_rate(successes: int, n: int) -> str:
     """``successes`` of ``n`` in percent with its 95 % interval and n: ``50.0 [28.0, 72.0], n=16``."""
     low, high = wilson_interval(successes, n)
@@ -38,12 +55,18 @@ def format_rate(successes: int, n: int) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lightning_epo.reports.wilson",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("successes", type=int)
-    parser.add_argument("episodes", type=int)
+    parser.add_argument("counts", type=int, nargs="+", metavar="SUCCESSES EPISODES",
+                        help="one rate (SUCCESSES EPISODES), or two (S1 N1 S2 N2): the first minus the second")
     args = parser.parse_args(argv)
-    if not 0 <= args.successes <= args.episodes or args.episodes < 1:
-        parser.error("need 0 <= SUCCESSES <= EPISODES and EPISODES >= 1")
-    print(format_rate(args.successes, args.episodes))
+    pairs = list(zip(args.counts[::2], args.counts[1::2]))
+    if len(args.counts) not in (2, 4) or any(not 0 <= s <= n or n < 1 for s, n in pairs):
+        parser.error("need SUCCESSES EPISODES [SUCCESSES EPISODES], each 0 <= SUCCESSES <= EPISODES and EPISODES >= 1")
+    if len(pairs) == 1:
+        print(format_rate(*pairs[0]))
+        return
+    (s_1, n_1), (s_2, n_2) = pairs
+    low, high = newcombe_interval(s_1, n_1, s_2, n_2)
+    print(f"{s_1 / n_1 - s_2 / n_2:+.3f} [{low:+.3f}, {high:+.3f}]")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ import pytest
 from lightning_epo.core.errors import UserError
 from lightning_epo.reports.run_history import load_run
 from lightning_epo.reports.summary import Evaluation, main, summarize
-from lightning_epo.reports.wilson import format_rate, wilson_interval
+from lightning_epo.reports.wilson import format_rate, newcombe_interval, wilson_interval
+from lightning_epo.reports.wilson import main as wilson_main
 
 VAL_STEPS = [4, 9, 14, 19]
 ENTROPY = ["loss/entropy", "entropy/early_turns"]
@@ -184,6 +185,22 @@ def test_wilson_interval_needs_a_proportion():
     for successes, n in [(17, 16), (-1, 16), (0, 0)]:
         with pytest.raises(ValueError, match="0 <= successes <= n"):
             wilson_interval(successes, n)
+
+
+@pytest.mark.parametrize(("counts", "low", "high"), [
+    # Newcombe (1998), Table II, method 10
+    ((56, 70, 48, 80), 0.0524, 0.3339), ((9, 10, 3, 10), 0.1705, 0.8090), ((6, 7, 2, 7), 0.0582, 0.8062),
+    ((5, 56, 0, 29), -0.0381, 0.1926),
+])
+def test_newcombe_interval_of_a_difference_matches_the_papers_values(counts, low, high):
+    assert newcombe_interval(*counts) == pytest.approx((low, high), abs=5e-5)
+
+
+def test_wilson_command_prints_a_difference_of_two_rates(capsys):
+    wilson_main(["56", "70", "48", "80"])
+    assert capsys.readouterr().out == "+0.200 [+0.052, +0.334]\n"
+    with pytest.raises(SystemExit):
+        wilson_main(["56", "70", "48"])
 
 
 def test_format_rate_is_percent_interval_and_n():
