@@ -2,6 +2,9 @@
 
     python benchmarks/vllm_logprob_check.py                       # the tiny model (model=tiny), float32
     python benchmarks/vllm_logprob_check.py --model-path Qwen/Qwen2.5-3B-Instruct --dtype bfloat16
+    python benchmarks/vllm_logprob_check.py --model-path M --trainer-precision bf16-mixed
+        # vLLM in bfloat16, the trainer's float32 weights under bf16 autocast: what
+        # trainer.precision=bf16-mixed rollout.engine.dtype=bfloat16 runs
 
 Run with the vLLM environment's Python (``.venv-vllm/bin/python``, ``make setup-vllm``). The trainer runs on
 the GPU when there is one, else on the CPU, where vLLM runs too.
@@ -56,13 +59,16 @@ PROMPTS = [
 
 
 @torch.no_grad()
-def trainer_logprobs(actor: torch.nn.Module, prompt: list[int], response: list[int]) -> torch.Tensor:
-    """The trainer's log-probs (temperature 1) of ``response`` after ``prompt``: ``[len(response)]``."""
+def trainer_logprobs(actor: torch.nn.Module, prompt: list[int], response: list[int],
+                     autocast: bool = False) -> torch.Tensor:
+    """The trainer's log-probs (temperature 1) of ``response`` after ``prompt``: ``[len(response)]``; with
+    ``autocast``, under bf16 autocast (``trainer.precision=bf16-mixed``)."""
     device = next(actor.parameters()).device
     ids = torch.tensor([prompt + response], device=device)
     mask = torch.zeros_like(ids, dtype=torch.bool)
     mask[0, len(prompt):] = True
-    logprob, _ = actor_token_outputs(actor, ids, torch.ones_like(ids), mask)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+        logprob, _ = actor_token_outputs(actor, ids, torch.ones_like(ids), mask)
     return logprob[0, len(prompt):].float().cpu()
 
 
@@ -108,28 +114,30 @@ def perturb_(actor: torch.nn.Module, scale: float = 0.05, seed: int = 0) -> None
         p.add_(scale * p.std() * noise)
 
 
-def logprob_diffs(actor: torch.nn.Module, prompt_ids: list[list[int]], generations: list[Generation]) -> torch.Tensor:
+def logprob_diffs(actor: torch.nn.Module, prompt_ids: list[list[int]], generations: list[Generation],
+                  autocast: bool = False) -> torch.Tensor:
     """``|logprob_engine - logprob_trainer|`` of every generated token (flat, ``[total response tokens]``)."""
     return torch.cat([
-        (torch.tensor(g.logprobs) - trainer_logprobs(actor, p, g.token_ids)).abs()
+        (torch.tensor(g.logprobs) - trainer_logprobs(actor, p, g.token_ids, autocast)).abs()
         for p, g in zip(prompt_ids, generations)
     ])
 
 
 def sample_and_compare(
-    engine: VLLMEngine, actor: torch.nn.Module, prompt_ids: list[list[int]], max_new_tokens: int
+    engine: VLLMEngine, actor: torch.nn.Module, prompt_ids: list[list[int]], max_new_tokens: int, autocast: bool = False
 ) -> tuple[list[Generation], torch.Tensor]:
     """Sample one response per prompt at temperature 1; returns the generations and ``|logprob_vllm -
     logprob_trainer|`` of their tokens (:func:`logprob_diffs`)."""
     sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens)
     generations = engine.generate(prompt_ids, sampling)
-    return generations, logprob_diffs(actor, prompt_ids, generations)
+    return generations, logprob_diffs(actor, prompt_ids, generations, autocast)
 
 
 def check(model_cfg: dict[str, Any], prompts: int = 16, max_new_tokens: int = 64, seed: int = 0,
-          gpu_memory_utilization: float = 0.3) -> dict[str, Any]:
-    """Run the check on the ``model`` config; returns the measured differences and ``passed``."""
-    dtype = model_cfg.get("dtype") or "float32"
+          gpu_memory_utilization: float = 0.3, bf16_mixed: bool = False) -> dict[str, Any]:
+    """Run the check on the ``model`` config; returns the measured differences and ``passed``. ``bf16_mixed``: the
+    engine in bfloat16 and the trainer's ``model.dtype`` weights under bf16 autocast (bfloat16's tolerances)."""
+    dtype = "bfloat16" if bf16_mixed else model_cfg.get("dtype") or "float32"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = load_tokenizer(model_cfg)
     actor = load_actor(model_cfg).to(device).eval()
@@ -141,17 +149,18 @@ def check(model_cfg: dict[str, Any], prompts: int = 16, max_new_tokens: int = 64
     engine.sync_weights(actor)
     texts = [PROMPTS[i % len(PROMPTS)] for i in range(prompts)]
     prompt_ids = [tokenizer(t)["input_ids"] for t in texts]
-    generations, diff = sample_and_compare(engine, actor, prompt_ids, max_new_tokens)
+    generations, diff = sample_and_compare(engine, actor, prompt_ids, max_new_tokens, autocast=bf16_mixed)
     cpu_float32 = (device, dtype) == ("cpu", "float32")
     if cpu_float32:  # before the weights go back: the float64 reference is the pushed weights'
         engine_error, trainer_error = float32_errors(actor, prompt_ids, generations)
     with torch.no_grad():
         for name, p in actor.named_parameters():
             p.copy_(original[name])
-    diff_before = logprob_diffs(actor, prompt_ids, generations)
+    diff_before = logprob_diffs(actor, prompt_ids, generations, autocast=bf16_mixed)
     mean_tol, p99_tol = TOLERANCES[dtype]
     report = {
-        "model": model_cfg["name_or_path"], "dtype": dtype, "device": device, "tokens": int(diff.numel()),
+        "model": model_cfg["name_or_path"], "dtype": dtype, "trainer_bf16_autocast": bf16_mixed, "device": device,
+        "tokens": int(diff.numel()),
         "mean_abs_diff": float(diff.mean()), "p99_abs_diff": float(diff.quantile(0.99)),
         "max_abs_diff": float(diff.max()),
         "mean_abs_diff_vs_checkpoint": float(diff_before.mean()), "mean_tol": mean_tol, "p99_tol": p99_tol,
@@ -182,6 +191,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", help="a model directory or a hub id (default: the tiny model, model=tiny)")
     parser.add_argument("--dtype", default="float32", choices=sorted(TOLERANCES))
+    parser.add_argument("--trainer-precision", default="32-true", choices=["32-true", "bf16-mixed"],
+                        help="bf16-mixed: vLLM in bfloat16 against the trainer's --dtype weights under bf16 autocast")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="GPU only")
@@ -190,7 +201,8 @@ def main() -> None:
 
     model_cfg = {"name_or_path": args.model_path} if args.model_path else tiny_model_cfg()
     model_cfg["dtype"] = args.dtype
-    report = check(model_cfg, args.prompts, args.max_new_tokens, gpu_memory_utilization=args.gpu_memory_utilization)
+    report = check(model_cfg, args.prompts, args.max_new_tokens, gpu_memory_utilization=args.gpu_memory_utilization,
+                   bf16_mixed=args.trainer_precision == "bf16-mixed")
     print(machine_line())
     print(json.dumps(report, indent=2))
     print(f"max_abs_diff {report['max_abs_diff']:.3g}")
