@@ -90,7 +90,8 @@ def _train_or_evaluate(cfg: DictConfig, run_dir: Path, overrides: list[str] | No
             trainer.validate(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True,
                              verbose=False)  # SuccessReport logs its line, no table
             datamodule.fit_follows = False
-            if trainer.received_sigterm:  # arrived after the evaluation's last episode: fit would clear the flag
+            # a signal after the evaluation's last episode: fit would clear Lightning's flag and train on
+            if trainer.strategy.reduce_boolean_decision(trainer.received_sigterm, all=False):
                 datamodule.teardown("fit")
                 raise SIGTERMException  # preemption.py: the run stops, 143 / 130
         # weights_only passed, not left to torch's default, which TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 turns off
