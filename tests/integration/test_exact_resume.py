@@ -71,9 +71,7 @@ def test_a_finished_run_resumed_with_more_steps_trains_exactly_those_steps(compo
 
     whole, extended = logged(tmp_path / "whole"), logged(tmp_path / "extended")
     assert sorted(extended) == list(range(6))
-    for step in (4, 5):
-        for name, value in whole[step].items():
-            assert extended[step][name] == pytest.approx(value, rel=1e-6, abs=1e-9), (step, name)
+    assert_logged_alike({step: whole[step] for step in (4, 5)}, extended)
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert any("extending the finished 4-step run to total_steps=6" in w for w in warnings), warnings
 
