@@ -30,6 +30,10 @@ in its own process, so weights pass by reference:
   discards the weights instead of backing them up in CPU memory, since a full push follows every sleep.
   On CPU the KV cache takes ``kv_cache_gib`` of host memory (1 GiB unless set): vLLM would otherwise read
   ``gpu_memory_utilization`` as a share of the host's RAM.
+- Start-up on CPU: vLLM compiles the model with torch.compile at every start. Its own AOT cache cannot load on CPU
+  (vllm-project/vllm#45447: "'function' object has no attribute 'finalize_loading'", then a full compile, 87-100 s
+  for SmolLM2 on a 2-core CPU), so the engine turns it off there (``VLLM_USE_AOT_COMPILE=0`` unless set): torch's
+  inductor cache (``TORCHINDUCTOR_CACHE_DIR``, by default in /tmp) then serves every start after the first.
 - The trainer's process state survives the engine's start: vLLM's worker reseeds the global generators and,
   on CPU, replaces ``torch.set_num_threads`` with a no-op; both are put back (the trainer's RNG draws and
   ``torch_threads`` are those of ``rollout=hf``, which exact resume relies on).
@@ -173,8 +177,12 @@ class VLLMEngine(GenerationEngine):
             log.info("vLLM sleep mode is off: vLLM has it on CUDA only, and this engine runs on %s",
                      current_platform.device_type)
             enable_sleep_mode = False
-        if kv_cache_gib is None and current_platform.is_cpu():
-            kv_cache_gib = CPU_KV_CACHE_GIB
+        if current_platform.is_cpu():
+            # vLLM's AOT-compiled artifact never loads on CPU (vllm-project/vllm#45447), so each start compiled
+            # again; without it torch's inductor cache, keyed by the graph, serves every start after the first
+            os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+            if kv_cache_gib is None:
+                kv_cache_gib = CPU_KV_CACHE_GIB
         self.sleep_mode, self.sleep_level = enable_sleep_mode, sleep_level
         self.stop_ids = engine_stop_ids(tokenizer, source, stop_token_ids)
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()

@@ -163,6 +163,21 @@ def test_on_cpu_sleep_mode_is_off_and_the_kv_cache_has_a_fixed_size(fake_vllm, t
     assert make_engine(tiny_model_path, kv_cache_gib=0.25).llm.kwargs["kv_cache_memory_bytes"] == 2**28
 
 
+def test_on_cpu_vllm_compiles_without_its_aot_cache_unless_the_user_chose(fake_vllm, tiny_model_path, monkeypatch):
+    """vLLM's AOT-compiled artifact never loads on CPU (vllm-project/vllm#45447: every start compiled again, 87-100 s
+    for SmolLM2); without it, torch's inductor cache serves every start after the first. GPU keeps vLLM's default."""
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "")  # recorded, so the variable the engine sets is undone after
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE")
+    make_engine(tiny_model_path)  # CUDA
+    assert "VLLM_USE_AOT_COMPILE" not in vllm_engine.os.environ
+    fake_vllm.platforms.current_platform = fake_platform("cpu")
+    make_engine(tiny_model_path)
+    assert vllm_engine.os.environ["VLLM_USE_AOT_COMPILE"] == "0"
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    make_engine(tiny_model_path)
+    assert vllm_engine.os.environ["VLLM_USE_AOT_COMPILE"] == "1"
+
+
 def test_sleep_wake_push_reset_order_over_two_rl_steps(fake_vllm, tiny_model_path, tiny_actor):
     engine = make_engine(tiny_model_path, sleep_level=2)
     llm = engine.llm
