@@ -4,6 +4,7 @@ the sleep / wake / push / reset order, and output conversion, against a fake ``v
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -287,6 +288,17 @@ def test_vllm_logprobs_equal_the_trainers_after_a_push(vllm_setup):
     assert diff.numel() > 24 and diff.max() <= TOL, diff.max()  # a response may stop early
     # the push took effect: under the checkpoint's weights the same tokens have other log-probs
     assert logprob_diffs(load_actor(vllm_setup.cfg).eval(), prompt_ids, generations).mean() > 1e-3
+
+
+@pytest.mark.vllm
+def test_vllm_read_the_aot_setting_the_engine_made(vllm_setup):
+    """The engine sets ``VLLM_USE_AOT_COMPILE`` before vLLM reads it (vLLM caches its settings once an engine
+    starts): on CPU vLLM started with its AOT path off, unless the user set ``VLLM_USE_AOT_COMPILE=1``."""
+    import vllm.envs
+
+    if not vllm_setup.engine.vllm.platforms.current_platform.is_cpu():
+        pytest.skip("on GPU the engine leaves vLLM's default")
+    assert vllm.envs.VLLM_USE_AOT_COMPILE == (os.environ.get("VLLM_USE_AOT_COMPILE") == "1")
 
 
 @pytest.mark.vllm
