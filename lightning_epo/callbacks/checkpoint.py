@@ -59,9 +59,9 @@ class RLStepCheckpoint(ModelCheckpoint):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         """Save the completed step that a preemption signal stopped unsaved. Lightning stops a run for the signal
         between two steps (``SIGTERMException``, after the step's last hooks and the loggers' write); a signal that
-        arrived after :meth:`on_train_batch_end` had looked (Lightning runs it last of the callbacks; then the module's
-        hook, the write: milliseconds a step)
-        stopped it with nothing saved since the last periodic checkpoint (up to ``every_n_rl_steps - 1`` steps lost).
+        arrived after :meth:`on_train_batch_end` had looked (Lightning runs it last of the callbacks; then come the
+        module's hook and the loggers' write: milliseconds a step) stopped it with nothing saved since the last periodic
+        checkpoint (up to ``every_n_rl_steps - 1`` steps lost).
         Lightning raises it only between steps or evaluation batches (a step's checkpoint is written before its
         evaluation), so an unsaved global step is a completed RL step. One process only: in a distributed run the
         other ranks may not have stopped where this one did, and a save is collective."""

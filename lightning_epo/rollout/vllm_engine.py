@@ -178,9 +178,7 @@ class VLLMEngine(GenerationEngine):
                      current_platform.device_type)
             enable_sleep_mode = False
         if current_platform.is_cpu():
-            # vLLM's AOT-compiled artifact never loads on CPU (vllm-project/vllm#45447), so each start compiled
-            # again; without it torch's inductor cache, keyed by the graph, serves every start after the first
-            os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+            os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")  # its artifact never loads there: module docstring
             if kv_cache_gib is None:
                 kv_cache_gib = CPU_KV_CACHE_GIB
         self.sleep_mode, self.sleep_level = enable_sleep_mode, sleep_level
