@@ -30,6 +30,9 @@ in its own process, so weights pass by reference:
   discards the weights instead of backing them up in CPU memory, since a full push follows every sleep.
   On CPU the KV cache takes ``kv_cache_gib`` of host memory (1 GiB unless set): vLLM would otherwise read
   ``gpu_memory_utilization`` as a share of the host's RAM.
+- Prefix caching reuses whole KV blocks only. vLLM's CPU default of 128 tokens a block cached no prompt prefix
+  shorter than that (SmolLM2's gridworld prompts: 156 tokens, the first 65 alike), so on CPU a block holds
+  ``block_size`` tokens (32 unless set: vLLM's CPU kernels want multiples of 32); GPU keeps vLLM's own.
 - Start-up on CPU: vLLM compiles the model with torch.compile at every start. Its own AOT cache cannot load on CPU
   (vllm-project/vllm#45447: "'function' object has no attribute 'finalize_loading'", then a full compile, 87-100 s
   for SmolLM2 on a 2-core CPU), so the engine turns it off there (``VLLM_USE_AOT_COMPILE=0`` unless set): torch's
@@ -64,6 +67,7 @@ VLLM_MISSING = (
 )
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 CPU_KV_CACHE_GIB = 1.0  # the KV cache on CPU when kv_cache_gib is not set
+CPU_BLOCK_SIZE = 32  # tokens a KV block on CPU when block_size is not set (vLLM's own: 128)
 
 
 def import_vllm() -> Any:
@@ -140,6 +144,8 @@ class VLLMEngine(GenerationEngine):
             ``model.dtype``, the trainer's.
         kv_cache_gib: the KV cache's size in GiB; ``None``: on GPU what ``gpu_memory_utilization`` leaves after
             the weights, on CPU ``CPU_KV_CACHE_GIB``.
+        block_size: tokens a KV-cache block (prefix caching reuses whole blocks); ``None``: vLLM's own on GPU,
+            ``CPU_BLOCK_SIZE`` on CPU.
         enable_sleep_mode, sleep_level: free the engine's memory between rollouts (see the module docstring);
             sleep mode is turned off where vLLM has none (CPU).
         seed: vLLM's seed (the rank is added). vLLM seeds the process's generators with it at start (undone here,
@@ -156,6 +162,7 @@ class VLLMEngine(GenerationEngine):
         gpu_memory_utilization: float = 0.4,
         dtype: str = "bfloat16",
         kv_cache_gib: float | None = None,
+        block_size: int | None = None,
         enable_sleep_mode: bool = True,
         sleep_level: int = 2,
         enable_prefix_caching: bool = True,
@@ -181,6 +188,8 @@ class VLLMEngine(GenerationEngine):
             os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")  # its artifact never loads there: module docstring
             if kv_cache_gib is None:
                 kv_cache_gib = CPU_KV_CACHE_GIB
+            if block_size is None:
+                block_size = CPU_BLOCK_SIZE
         self.sleep_mode, self.sleep_level = enable_sleep_mode, sleep_level
         self.stop_ids = engine_stop_ids(tokenizer, source, stop_token_ids)
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -199,6 +208,8 @@ class VLLMEngine(GenerationEngine):
         )
         if kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+        if block_size is not None:
+            kwargs["block_size"] = block_size
         if not is_local and model.get("revision"):
             kwargs["revision"] = model["revision"]
         if distributed and torch.distributed.get_world_size() > 1:

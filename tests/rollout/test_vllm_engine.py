@@ -179,6 +179,16 @@ def test_on_cpu_vllm_compiles_without_its_aot_cache_unless_the_user_chose(fake_v
     assert vllm_engine.os.environ["VLLM_USE_AOT_COMPILE"] == "1"
 
 
+def test_on_cpu_kv_blocks_are_small_enough_to_cache_a_shared_prompt_prefix(fake_vllm, tiny_model_path):
+    """Prefix caching reuses whole KV blocks only, and vLLM's CPU default of 128 tokens a block cached none of
+    SmolLM2's gridworld prompts (156 tokens, 65 shared). GPU keeps vLLM's own block size; a user's is kept."""
+    assert "block_size" not in make_engine(tiny_model_path).llm.kwargs  # CUDA
+    fake_vllm.platforms.current_platform = fake_platform("cpu")
+    assert make_engine(tiny_model_path).llm.kwargs["block_size"] == vllm_engine.CPU_BLOCK_SIZE == 32
+    assert make_engine(tiny_model_path, block_size=128).llm.kwargs["block_size"] == 128
+    assert make_engine(tiny_model_path, llm_kwargs={"block_size": 64}).llm.kwargs["block_size"] == 64
+
+
 def test_sleep_wake_push_reset_order_over_two_rl_steps(fake_vllm, tiny_model_path, tiny_actor):
     engine = make_engine(tiny_model_path, sleep_level=2)
     llm = engine.llm
@@ -299,6 +309,27 @@ def test_vllm_read_the_aot_setting_the_engine_made(vllm_setup):
     if not vllm_setup.engine.vllm.platforms.current_platform.is_cpu():
         pytest.skip("on GPU the engine leaves vLLM's default")
     assert vllm.envs.VLLM_USE_AOT_COMPILE == (os.environ.get("VLLM_USE_AOT_COMPILE") == "1")
+
+
+@pytest.mark.vllm
+def test_prompts_sharing_a_prefix_reuse_its_kv_blocks_and_compute_the_same(vllm_setup):
+    """Two prompts whose first 70 tokens are one instruction (as an environment's prompts are): the second
+    computes only what the first did not, on CPU as on GPU, and its log-probs are still the trainer's."""
+    from benchmarks.vllm_logprob_check import perturb_, sample_and_compare
+
+    engine, actor = vllm_setup.engine, vllm_setup.actor
+    torch.manual_seed(0)
+    tokens = torch.randint(3, len(vllm_setup.tokenizer), (100,), generator=torch.Generator().manual_seed(1)).tolist()
+    first, second = tokens[:90], tokens[:70] + tokens[80:]
+    perturb_(actor, seed=4)
+    engine.sync_weights(actor)
+    engine.generate([first], SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=1))
+    block_size = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    params = engine.vllm.SamplingParams(max_tokens=1, detokenize=False)
+    (output,) = engine.llm.generate([engine.vllm.TokensPrompt(prompt_token_ids=second)], params, use_tqdm=False)
+    assert block_size <= 70 and output.num_cached_tokens == 70 // block_size * block_size, (block_size, output)
+    _, diff = sample_and_compare(engine, actor, [second], max_new_tokens=16)
+    assert diff.max() <= TOL, diff.max()
 
 
 @pytest.mark.vllm
