@@ -3,6 +3,9 @@
     python benchmarks/vllm_logprob_check.py                       # the tiny model (model=tiny), float32
     python benchmarks/vllm_logprob_check.py --model-path Qwen/Qwen2.5-3B-Instruct --dtype bfloat16
     python benchmarks/vllm_logprob_check.py --model-path M --trainer-precision bf16-mixed
+    python benchmarks/vllm_logprob_check.py --model-path M --shared-instruction
+        # every prompt opens with one instruction (SHARED_INSTRUCTION), as an environment's
+        # prompts do: vLLM's prefix cache serves its KV blocks to every prompt after the first
         # vLLM in bfloat16, the trainer's float32 weights under bf16 autocast: what
         # trainer.precision=bf16-mixed rollout.engine.dtype=bfloat16 runs
 
@@ -50,6 +53,11 @@ from lightning_epo.rollout.vllm_engine import VLLMEngine  # noqa: E402
 TOLERANCES = {"float32": (1e-3, 1e-2), "bfloat16": (2e-2, 0.2), "float16": (2e-2, 0.2)}
 CPU_FLOAT32_MAX_TOL = 1e-5
 FLOAT32_ERROR_RATIO = 2.0  # vLLM's largest float32 error against float64, at most this times the trainer's
+SHARED_INSTRUCTION = (  # one opening for every prompt, as an environment's prompts share theirs
+    "You are an expert agent operating in the GridWorld environment, a text-based grid in which you walk to the goal "
+    "object one step at a time and then use it. Read the task and the observation, then answer with one admissible "
+    "action inside <action> </action> tags.\n"
+)
 PROMPTS = [
     "You are in a kitchen. Your task is to: put a clean apple in the fridge. What do you do first?",
     "You are in a 6x6 grid. The key is two cells to the north. Reply with <action>...</action>.",
@@ -134,9 +142,11 @@ def sample_and_compare(
 
 
 def check(model_cfg: dict[str, Any], prompts: int = 16, max_new_tokens: int = 64, seed: int = 0,
-          gpu_memory_utilization: float = 0.3, bf16_mixed: bool = False) -> dict[str, Any]:
+          gpu_memory_utilization: float = 0.3, bf16_mixed: bool = False,
+          shared_instruction: bool = False) -> dict[str, Any]:
     """Run the check on the ``model`` config; returns the measured differences and ``passed``. ``bf16_mixed``: the
-    engine in bfloat16 and the trainer's ``model.dtype`` weights under bf16 autocast (bfloat16's tolerances)."""
+    engine in bfloat16 and the trainer's ``model.dtype`` weights under bf16 autocast (bfloat16's tolerances).
+    ``shared_instruction``: every prompt opens with ``SHARED_INSTRUCTION`` (prefix-cached KV blocks)."""
     dtype = "bfloat16" if bf16_mixed else model_cfg.get("dtype") or "float32"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = load_tokenizer(model_cfg)
@@ -147,7 +157,8 @@ def check(model_cfg: dict[str, Any], prompts: int = 16, max_new_tokens: int = 64
     engine.sync_weights(actor)
     engine.release_memory()
     engine.sync_weights(actor)
-    texts = [PROMPTS[i % len(PROMPTS)] for i in range(prompts)]
+    opening = SHARED_INSTRUCTION if shared_instruction else ""
+    texts = [opening + PROMPTS[i % len(PROMPTS)] for i in range(prompts)]
     prompt_ids = [tokenizer(t)["input_ids"] for t in texts]
     generations, diff = sample_and_compare(engine, actor, prompt_ids, max_new_tokens, autocast=bf16_mixed)
     cpu_float32 = (device, dtype) == ("cpu", "float32")
@@ -159,7 +170,8 @@ def check(model_cfg: dict[str, Any], prompts: int = 16, max_new_tokens: int = 64
     diff_before = logprob_diffs(actor, prompt_ids, generations, autocast=bf16_mixed)
     mean_tol, p99_tol = TOLERANCES[dtype]
     report = {
-        "model": model_cfg["name_or_path"], "dtype": dtype, "trainer_bf16_autocast": bf16_mixed, "device": device,
+        "model": model_cfg["name_or_path"], "dtype": dtype, "shared_instruction": shared_instruction,
+        "trainer_bf16_autocast": bf16_mixed, "device": device,
         "tokens": int(diff.numel()),
         "mean_abs_diff": float(diff.mean()), "p99_abs_diff": float(diff.quantile(0.99)),
         "max_abs_diff": float(diff.max()),
@@ -194,6 +206,8 @@ def main() -> None:
     parser.add_argument("--trainer-precision", default="32-true", choices=["32-true", "bf16-mixed"],
                         help="bf16-mixed: vLLM in bfloat16 against the trainer's --dtype weights under bf16 autocast")
     parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--shared-instruction", action="store_true",
+                        help="every prompt opens with one instruction, read from vLLM's prefix cache after the first")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="GPU only")
     args = parser.parse_args()
@@ -202,7 +216,7 @@ def main() -> None:
     model_cfg = {"name_or_path": args.model_path} if args.model_path else tiny_model_cfg()
     model_cfg["dtype"] = args.dtype
     report = check(model_cfg, args.prompts, args.max_new_tokens, gpu_memory_utilization=args.gpu_memory_utilization,
-                   bf16_mixed=args.trainer_precision == "bf16-mixed")
+                   bf16_mixed=args.trainer_precision == "bf16-mixed", shared_instruction=args.shared_instruction)
     print(machine_line())
     print(json.dumps(report, indent=2))
     print(f"max_abs_diff {report['max_abs_diff']:.3g}")
