@@ -86,6 +86,7 @@ RULES: dict[str, Rule] = {
     "rollout.engine.batch_size": integer(), "rollout.engine.explore_prob": FRACTION,
     "rollout.engine.gpu_memory_utilization": number(0, 1, open_low=True),
     "rollout.engine.kv_cache_gib": number(0, open_low=True, optional=True, example=4),
+    "rollout.engine.block_size": integer(optional=True),
     "rollout.engine.sleep_level": integer(1, 2), "rollout.engine.enable_sleep_mode": SWITCH,
     "rollout.engine.enable_prefix_caching": SWITCH,
     # optimisation

@@ -58,6 +58,7 @@ def test_drgrpo_is_grpo_without_std_normalisation_or_length_normalisation(compos
         ("trainer.devices=-2", "trainer.devices must be 'auto' or an integer >= 1, got -2"),
         ("trainer=ddp trainer.num_nodes=0", "trainer.num_nodes must be an integer >= 1, got 0"),
         ("data.task_order=sorted", "data.task_order='sorted' is not valid; choose one of: random, shuffled"),
+        ("rollout=vllm rollout.engine.block_size=0", "rollout.engine.block_size must be an integer >= 1 or null"),
     ],
 )
 def test_bad_values_are_refused_at_start_naming_the_key(compose_cfg, override, expected):
