@@ -3,11 +3,11 @@
     python benchmarks/vllm_logprob_check.py                       # the tiny model (model=tiny), float32
     python benchmarks/vllm_logprob_check.py --model-path Qwen/Qwen2.5-3B-Instruct --dtype bfloat16
     python benchmarks/vllm_logprob_check.py --model-path M --trainer-precision bf16-mixed
+        # vLLM in bfloat16, the trainer's float32 weights under bf16 autocast: what
+        # trainer.precision=bf16-mixed rollout.engine.dtype=bfloat16 runs
     python benchmarks/vllm_logprob_check.py --model-path M --shared-instruction
         # every prompt opens with one instruction (SHARED_INSTRUCTION), as an environment's
         # prompts do: vLLM's prefix cache serves its KV blocks to every prompt after the first
-        # vLLM in bfloat16, the trainer's float32 weights under bf16 autocast: what
-        # trainer.precision=bf16-mixed rollout.engine.dtype=bfloat16 runs
 
 Run with the vLLM environment's Python (``.venv-vllm/bin/python``, ``make setup-vllm``). The trainer runs on
 the GPU when there is one, else on the CPU, where vLLM runs too.
