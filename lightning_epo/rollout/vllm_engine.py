@@ -67,7 +67,7 @@ VLLM_MISSING = (
 )
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 CPU_KV_CACHE_GIB = 1.0  # the KV cache on CPU when kv_cache_gib is not set
-CPU_BLOCK_SIZE = 32  # tokens a KV block on CPU when block_size is not set (vLLM's own: 128)
+CPU_BLOCK_SIZE = 32  # tokens a KV block on CPU when block_size is not set (vLLM's: 128); its CPU attention's multiple
 
 
 def import_vllm() -> Any:

@@ -40,7 +40,7 @@ from lightning_epo.core.rules import (
 from lightning_epo.models.loading import check_hub_access, load_tokenizer
 from lightning_epo.rollout.collector import fixed_prompt_tokens
 from lightning_epo.rollout.datamodule import TASK_ORDERS
-from lightning_epo.rollout.vllm_engine import VLLM_MISSING
+from lightning_epo.rollout.vllm_engine import CPU_BLOCK_SIZE, VLLM_MISSING
 from lightning_epo.runtime.engine_choice import VLLM_ENGINE, vllm_installed
 from lightning_epo.training.checkpoint_io import finished_steps_in, is_intact, unsafe_content
 
@@ -353,6 +353,15 @@ def _on_cpu(trainer: DictConfig) -> bool:
     return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
 
 
+def _check_vllm_block_size(engine: DictConfig) -> None:
+    """vLLM's CPU attention takes KV blocks of a multiple of ``CPU_BLOCK_SIZE`` tokens (vLLM says so only as its
+    engine starts, in a real-model recipe after the warm start); a GPU's takes others."""
+    block_size = engine.get("block_size")
+    if block_size and block_size % CPU_BLOCK_SIZE and not torch.cuda.is_available():
+        raise ConfigError(f"rollout.engine.block_size={block_size}: vLLM on CPU takes multiples of {CPU_BLOCK_SIZE} "
+                          f"tokens only; set rollout.engine.block_size={CPU_BLOCK_SIZE} (or null, the same on CPU)")
+
+
 def _check_model_on_machine(cfg: DictConfig) -> None:
     """The model's dtype can train here (float16: on a GPU) and its attention implementation can run here (flash
     attention: CUDA and its package)."""
@@ -401,8 +410,10 @@ def cpu_computes_bf16() -> bool:
 def check_machine(cfg: DictConfig) -> None:
     """Fail at start, with one line naming the fix, when this machine cannot run the chosen trainer, engine, model
     or logger (the model's hub id included: not cached and not reachable)."""
-    if cfg.rollout.engine.get("_target_") == VLLM_ENGINE and not vllm_installed():
-        raise UserError(VLLM_MISSING)
+    if cfg.rollout.engine.get("_target_") == VLLM_ENGINE:
+        if not vllm_installed():
+            raise UserError(VLLM_MISSING)
+        _check_vllm_block_size(cfg.rollout.engine)
     _check_model_on_machine(cfg)
     _check_wandb_login(cfg.get("logger"))
     check_hub_access(cfg.model)

@@ -30,6 +30,20 @@ def test_flash_attention_on_cpu_is_refused(compose_cfg):
         check_machine(compose_cfg("model.attn_implementation=flash_attention_2"))
 
 
+def test_a_kv_block_size_vllm_refuses_on_cpu_is_refused_at_start(compose_cfg, monkeypatch):
+    """vLLM's CPU attention takes KV blocks of a multiple of 32 tokens and said so only as its engine started, in a
+    real-model recipe after the whole warm start. A GPU's vLLM takes 16."""
+    monkeypatch.setattr(config, "vllm_installed", lambda: True)
+    monkeypatch.setattr(config.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^rollout.engine.block_size=16: vLLM on CPU takes multiples of 32 .*"
+                                          r"rollout.engine.block_size=32"):
+        check_machine(compose_cfg("rollout=vllm", "rollout.engine.block_size=16"))
+    check_machine(compose_cfg("rollout=vllm", "rollout.engine.block_size=64"))
+    check_machine(compose_cfg("rollout=vllm"))  # null: the engine's 32
+    monkeypatch.setattr(config.torch.cuda, "is_available", lambda: True)
+    check_machine(compose_cfg("rollout=vllm", "rollout.engine.block_size=16", "trainer=cpu"))
+
+
 def test_an_evaluation_split_listed_twice_is_refused(compose_cfg):
     with pytest.raises(ConfigError, match=r"env.eval_splits lists iid twice: .*env.eval_splits=\[iid\]"):
         validate(compose_cfg("env.eval_splits=[iid,iid]"))
