@@ -173,6 +173,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.tokenizer = load_tokenizer(self.model_cfg)
         self.engine = self.make_engine(tokenizer=self.tokenizer)
         self.val_engine = self.make_val_engine(tokenizer=self.tokenizer) if self.make_val_engine else self.engine
+        if self.val_engine is not self.engine:
+            self.val_engine.release_memory()  # training comes first: an engine of its own sleeps until it evaluates
         self.pool = self.make_pool(suite=self.suite)
         self.collector = self._collector(self.engine)
         self.val_collector = self._collector(self.val_engine) if self.make_val_engine else self.collector

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 from pathlib import Path
 
 import hydra
@@ -21,6 +22,7 @@ from lightning_epo.runtime.console import closing_lines
 from lightning_epo.runtime.engine_choice import choose_engine
 from lightning_epo.runtime.resolvers import register_resolvers
 from lightning_epo.runtime.run_dir_lock import RunDirLock
+from lightning_epo.runtime.shared_engine import SharedEngine, shared_by_stages
 from lightning_epo.runtime.state_settings import check_checkpoint_settings, state_settings
 from lightning_epo.runtime.warm_start import command_line_overrides, run_warm_start, start_from
 from lightning_epo.training.checkpoint_io import unfinished_evaluation
@@ -37,9 +39,10 @@ def build_logger(cfg: DictConfig):
     return hydra.utils.instantiate(cfg.logger) if cfg.get("logger") and "_target_" in cfg.logger else False
 
 
-def run(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]:
+def run(cfg: DictConfig, overrides: list[str] | None = None, shared: SharedEngine | None = None) -> dict[str, float]:
     """Train (``mode=train``, after the ``warm_start`` stage if any) or evaluate (``mode=eval``, writing
-    ``eval.json``); returns the final metrics. ``overrides``: the command line's (for the warm start to inherit)."""
+    ``eval.json``); returns the final metrics. ``overrides``: the command line's (for the warm start to inherit);
+    ``shared``: the vLLM engine of the run a warm start belongs to (runtime/shared_engine.py)."""
     log.info(choose_engine(cfg))
     validate(cfg)
     check_machine(cfg)
@@ -49,16 +52,17 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, float]
     check_prompt_room(cfg)  # needs the model's tokenizer
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    with RunDirLock(run_dir):
-        return _train_or_evaluate(cfg, run_dir, overrides)
+    with RunDirLock(run_dir), shared_by_stages(cfg, shared) as shared:
+        return _train_or_evaluate(cfg, run_dir, overrides, shared)
 
 
-def _train_or_evaluate(cfg: DictConfig, run_dir: Path, overrides: list[str] | None) -> dict[str, float]:
+def _train_or_evaluate(cfg: DictConfig, run_dir: Path, overrides: list[str] | None,
+                       shared: SharedEngine | None) -> dict[str, float]:
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
     check_resume(ckpt_path, cfg)
     if cfg.warm_start and cfg.mode == "train":
         user_overrides = command_line_overrides() if overrides is None else overrides
-        start_from(cfg, run_warm_start(cfg, user_overrides, run_stage=run))
+        start_from(cfg, run_warm_start(cfg, user_overrides, run_stage=partial(run, shared=shared)))
     settings = state_settings(cfg)  # after the warm start: the model is its policy
     smoke_run = other_environment_line(cfg.model.name_or_path, cfg.env.name, cfg.env.recipes)
     if smoke_run is not None:
@@ -68,7 +72,7 @@ def _train_or_evaluate(cfg: DictConfig, run_dir: Path, overrides: list[str] | No
         torch.set_num_threads(cfg.torch_threads)
     L.seed_everything(cfg.seed, workers=True)
     try:
-        datamodule = hydra.utils.instantiate(cfg.data)
+        datamodule = hydra.utils.instantiate(cfg.data, **(shared.datamodule_engines(cfg.data) if shared else {}))
         module = hydra.utils.instantiate(cfg.module, state_settings=settings)
         # An evaluation reports in eval.json (conf/config.yaml: mode): logged, it would land at step 0 of the
         # evaluated run's own history (csv, and wandb, whose run id is the run directory's) over val_at_start's point.

@@ -12,7 +12,8 @@ env.history_length=2 rollout.think=false model.max_prompt_tokens=2048 total_step
 (own checkpoints, logs and wandb run), which exports its final actor to ``RUN_DIR/warm_start/policy``; the RL
 run then loads its actor, its critic's backbone and its reference model from there. Running the command again
 on the same run directory (``hydra.run.dir=RUN_DIR``, e.g. to resume) reuses the exported policy, and an
-interrupted stage resumes from its own ``last.ckpt``.
+interrupted stage resumes from its own ``last.ckpt``. Where the run generates with vLLM, a stage that evaluates on
+an engine of its own evaluates on the run's instead, which RL then takes over (runtime/shared_engine.py).
 
 One process only: with several ranks run the two stages as two commands (``export_policy=true``, then
 ``model.name_or_path=RUN_DIR/policy``).
@@ -36,6 +37,7 @@ from lightning_epo.core import layout
 from lightning_epo.core.errors import ConfigError, UserError
 from lightning_epo.core.secrets import scrub_secrets
 from lightning_epo.runtime.config import CONF_DIR
+from lightning_epo.runtime.engine_choice import VLLM_ENGINE
 
 log = logging.getLogger(__name__)
 STAGE_DIR = layout.WARM_START
@@ -74,6 +76,17 @@ def stage_overrides(cfg: DictConfig, user_overrides: Sequence[str], stage_dir: P
     ]
 
 
+def evaluated_on_run_engine(stage: DictConfig, cfg: DictConfig) -> DictConfig:
+    """``stage`` evaluating its policy on the run's engine (``cfg.rollout.engine``) where the run generates with
+    vLLM and the stage evaluates on an engine of its own (``data.val_engine``: its expert plays the training
+    episodes): one vLLM engine serves both stages (runtime/shared_engine.py). The engine's interpolations
+    (``${model}``, ``${seed}``) resolve in the stage, which inherits both."""
+    if cfg.rollout.engine.get("_target_") == VLLM_ENGINE and stage.data.get("val_engine"):
+        with open_dict(stage):
+            stage.data.val_engine = OmegaConf.to_container(cfg.rollout.engine, resolve=False)
+    return stage
+
+
 def compose_config(overrides: list[str]) -> DictConfig:
     """conf/config.yaml composed with ``overrides`` (inside a Hydra app: its own search path)."""
     if GlobalHydra.instance().is_initialized():
@@ -101,7 +114,7 @@ def run_warm_start(cfg: DictConfig, user_overrides: Sequence[str], run_stage: Ca
         return policy
     overrides = stage_overrides(cfg, user_overrides, stage_dir)
     log.info("warm start: python train.py %s", " ".join(scrub_secrets(overrides)))  # the stage runs with the secrets
-    run_stage(compose_config(overrides))
+    run_stage(evaluated_on_run_engine(compose_config(overrides), cfg))
     if not (policy / "config.json").is_file():
         raise UserError(f"the warm start stopped before its last step and exported no policy: rerun with hydra.run.dir={cfg.run_dir}")
     return policy

@@ -4,6 +4,7 @@ steps with the config as it is, exact resume, and the trainer's seeding and thre
 from __future__ import annotations
 
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -75,22 +76,63 @@ def test_engine_start_keeps_the_trainers_random_state_and_threads(tiny_model_pat
         torch.set_num_threads(threads)
 
 
-def test_the_real_model_recipe_generates_with_vllm_from_its_warm_start(compose_cfg, tiny_model_path, tmp_path, caplog):
-    """experiment=smollm2_gridworld as shipped (the tiny model in SmolLM2's place, sizes shrunk): the run says vLLM
-    generates, and vLLM samples from the warm start's merged policy, then from the policy with the RL step's LoRA
-    adapters (pushed through the one weight path)."""
-    overrides = [
-        "experiment=smollm2_gridworld", f"model.name_or_path={tiny_model_path}", "logger=csv", "~callbacks.progress_bar",
-        "total_steps=1", "test_every=1", "env.val_size=2", "env.max_turns=3", "data.episodes_per_step=4",
-        "warm_start.overrides=['total_steps=1','test_every=1000','data.episodes_per_step=4','env.max_turns=3']",
-    ]
-    with caplog.at_level("INFO", logger="lightning_epo.runtime.run"):
+RECIPE = [  # experiment=smollm2_gridworld as shipped, the tiny model in SmolLM2's place, the sizes shrunk
+    "experiment=smollm2_gridworld", "logger=csv", "~callbacks.progress_bar", "total_steps=1", "test_every=1",
+    "env.val_size=2", "env.max_turns=3", "data.episodes_per_step=4",
+    "warm_start.overrides=['total_steps=1','test_every=1','env.val_size=2','data.episodes_per_step=4','env.max_turns=3']",
+]
+
+
+@pytest.fixture
+def engine_starts(monkeypatch):
+    """The model each VLLMEngine of the test started on, in order."""
+    from lightning_epo.rollout import vllm_engine
+
+    starts = []
+
+    class Counted(vllm_engine.VLLMEngine):
+        def __init__(self, tokenizer, model, **settings):
+            starts.append(str(model["name_or_path"]))
+            super().__init__(tokenizer, model, **settings)
+
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", Counted)
+    return starts
+
+
+def test_the_real_model_recipe_generates_with_vllm_from_its_warm_start(compose_cfg, tiny_model_path, tmp_path, caplog,
+                                                                       engine_starts):
+    """The run says vLLM generates; one engine serves both stages: the warm start evaluates its merged policy on it,
+    then RL samples from the warm start's policy with the RL step's LoRA adapters (pushed through the one weight
+    path)."""
+    overrides = [*RECIPE, f"model.name_or_path={tiny_model_path}"]
+    with caplog.at_level("INFO", logger="lightning_epo"):
         metrics = run(compose_cfg(*overrides), overrides=overrides)
     started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("generation:")]
     assert started[0].startswith("generation: vllm") and "VLLMEngine" in started[0]  # the run, before its warm start
-    assert started[1] == "generation: ExpertEngine (rollout.engine); evaluation: HFEngine (data.val_engine)"
+    assert started[1] == "generation: ExpertEngine (rollout.engine); evaluation: VLLMEngine (data.val_engine)"
+    assert engine_starts == [tiny_model_path]  # started once, by the warm start, on its model
+    stage_evaluated = [r.getMessage() for r in caplog.records if "val/iid/success" in r.getMessage()]
+    assert len(stage_evaluated) == 2  # the warm start's evaluation (on vLLM) and RL's
     ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["rl_state"]["rl_step"] == 1
     assert (tmp_path / "run" / "warm_start" / "policy" / "config.json").is_file()
     assert any(k.startswith("actor.") and "lora_" in k for k in ckpt["state_dict"])  # RL trained adapters
     assert {"val/iid/success", "val/ood/success"} <= metrics.keys() and metrics["perf/gen_tokens_per_s"] > 0
+
+
+def test_rl_on_the_warm_starts_engine_logs_what_it_logs_on_its_own(compose_cfg, tiny_model_path, tmp_path,
+                                                                   engine_starts):
+    """The engine the warm start started and evaluated on leaves nothing in RL's numbers: the same RL run, its warm
+    start's policy reused (the stage skipped), on an engine of its own, logs the same values."""
+    overrides = [*RECIPE, f"model.name_or_path={tiny_model_path}", "total_steps=2", "test_every=2"]
+    run(compose_cfg(*overrides), overrides=overrides)
+    shutil.copytree(tmp_path / "run" / "warm_start" / "policy", tmp_path / "own" / "warm_start" / "policy")
+    run(compose_cfg(*overrides, f"run_dir={tmp_path / 'own'}"), overrides=overrides)
+    assert engine_starts == [tiny_model_path, str(tmp_path / "own" / "warm_start" / "policy")]
+    compared = ("train/", "loss/", "epo/", "val/")
+    shared, own = logged(tmp_path / "run", compared), logged(tmp_path / "own", compared)
+    assert own.keys() == shared.keys() and any(name.startswith("val/") for step in own.values() for name in step)
+    for step in own:
+        assert own[step].keys() == shared[step].keys(), step
+        for name, value in own[step].items():
+            assert shared[step][name] == pytest.approx(value, rel=1e-6, abs=1e-9), (step, name)

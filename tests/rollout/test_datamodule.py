@@ -86,3 +86,29 @@ def test_an_unknown_task_order_is_refused_not_drawn_at_random():
     """The start check names the choices for the command line; a sampler built in code refuses too."""
     with pytest.raises(ValueError, match="order='shufled' is not one of: random, shuffled"):
         TaskSampler(TASKS, seed=0, groups_per_step=1, group_size=1, order="shufled")
+
+
+class RecordingEngine:
+    def __init__(self, tokenizer):
+        self.calls = []
+
+    def release_memory(self):
+        self.calls.append("release_memory")
+
+    def close(self):
+        self.calls.append("close")
+
+
+def test_an_evaluation_engine_of_its_own_sleeps_from_its_start_until_it_evaluates(compose_cfg):
+    """A supervised stage trains on its expert's episodes first: its evaluation engine (vLLM, as a warm start's on
+    a vLLM run) gives its memory back at once, as the training engine does after each rollout, not after the
+    stage's first evaluation."""
+    datamodule = hydra.utils.instantiate(compose_cfg("experiment=gridworld_sft").data,
+                                         engine=RecordingEngine, val_engine=RecordingEngine)
+    datamodule.setup("fit")
+    assert datamodule.val_engine.calls == ["release_memory"] and datamodule.engine.calls == []
+    datamodule.teardown("fit")
+    plain = hydra.utils.instantiate(compose_cfg("env=gridworld").data, engine=RecordingEngine)
+    plain.setup("fit")
+    assert plain.engine.calls == []  # one engine for both: it generates first
+    plain.teardown("fit")
