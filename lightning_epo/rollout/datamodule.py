@@ -159,6 +159,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.val_collector: EpisodeCollector | None = None
         self.policy: Callable[[], torch.nn.Module] | None = None  # the actor, handed over by callbacks.WeightSync
         self._weights_bound = False
+        self._evaluation_weights: torch.nn.Module | None = None  # the actor an evaluation engine of its own awaits
         # called with an EvalProgress after each evaluation turn that ended episodes (the progress bar registers at setup)
         self.eval_listeners: list[Callable[[EvalProgress], None]] = []
         self.fit_follows = False  # the next trainer.validate is followed by fit: keep engines and environments open
@@ -186,9 +187,11 @@ class RolloutDataModule(L.LightningDataModule):
         return [e for e in dict.fromkeys((self.engine, self.val_engine)) if e is not None]
 
     def sync_weights(self, actor: torch.nn.Module) -> None:
-        """Make every engine (training and, if separate, evaluation) sample from ``actor``'s weights."""
-        for engine in self._engines():
-            engine.sync_weights(actor)
+        """Make the training engine sample from ``actor``'s weights now, and a separate evaluation engine when it next
+        evaluates: pushed after every update, a vLLM evaluation engine would copy weights it does not sample from
+        and, on a GPU, wake from its sleep and hold its memory through training."""
+        self.engine.sync_weights(actor)
+        self._evaluation_weights = actor if self.val_engine is not self.engine else None
         self._weights_bound = True
 
     def _bind_weights_once(self) -> None:
@@ -214,7 +217,7 @@ class RolloutDataModule(L.LightningDataModule):
         for engine in self._engines():
             engine.close()
         self.pool = self.engine = self.val_engine = self.collector = self.val_collector = None
-        self._weights_bound = False
+        self._weights_bound, self._evaluation_weights = False, None
 
     def on_exception(self, exception: BaseException) -> None:
         """A run stopped by an exception (a preemption's included) closes its environments too: Lightning calls
@@ -253,6 +256,9 @@ class RolloutDataModule(L.LightningDataModule):
         tasks = tasks[rank::world]
         start = time.perf_counter()
         self._bind_weights_once()
+        if self._evaluation_weights is not None:
+            self.val_engine.sync_weights(self._evaluation_weights)
+            self._evaluation_weights = None
         progress = EvalProgress(split, len(tasks), self.sampler.step, self.eval_listeners if rank == 0 else [],
                                 log_every_s=30.0 if rank == 0 else float("inf"))
         with evaluation_seeded(self.seed, self.sampler.step, split, rank):

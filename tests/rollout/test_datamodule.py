@@ -6,9 +6,11 @@ from collections import Counter
 
 import hydra
 import pytest
+import torch
 
 from lightning_epo.envs.base import Task
 from lightning_epo.rollout.datamodule import TaskSampler, validation_sample
+from lightning_epo.rollout.engine import Generation
 
 TASKS = [Task("iid", name, v) for name in ("boil", "melt", "grow") for v in range(10)] + [Task("iid", "rare", 0)]
 
@@ -89,8 +91,17 @@ def test_an_unknown_task_order_is_refused_not_drawn_at_random():
 
 
 class RecordingEngine:
+    """Records the engine calls; answers every prompt with its stop token (an invalid action)."""
+
     def __init__(self, tokenizer):
-        self.calls = []
+        self.calls, self.stop = [], tokenizer.eos_token_id
+
+    def generate(self, prompts, sampling, infos=None):
+        self.calls.append("generate")
+        return [Generation([self.stop], [0.0], "stop") for _ in prompts]
+
+    def sync_weights(self, actor):
+        self.calls.append("sync_weights")
 
     def release_memory(self):
         self.calls.append("release_memory")
@@ -99,16 +110,27 @@ class RecordingEngine:
         self.calls.append("close")
 
 
-def test_an_evaluation_engine_of_its_own_sleeps_from_its_start_until_it_evaluates(compose_cfg):
-    """A supervised stage trains on its expert's episodes first: its evaluation engine (vLLM, as a warm start's on
-    a vLLM run) gives its memory back at once, as the training engine does after each rollout, not after the
-    stage's first evaluation."""
-    datamodule = hydra.utils.instantiate(compose_cfg("experiment=gridworld_sft").data,
-                                         engine=RecordingEngine, val_engine=RecordingEngine)
+def test_an_evaluation_engine_of_its_own_sleeps_and_gets_weights_only_to_evaluate(compose_cfg):
+    """A supervised stage trains on its expert's episodes: its evaluation engine (vLLM, as a warm start's on a vLLM
+    run) gives its memory back from its start and gets the actor's weights before an evaluation, once, not after
+    every update (a vLLM engine would copy them and, on a GPU, wake and hold its memory through training)."""
+    cfg = compose_cfg("experiment=gridworld_sft", "env.val_size=1", "env.max_turns=2")
+    datamodule = hydra.utils.instantiate(cfg.data, engine=RecordingEngine, val_engine=RecordingEngine)
     datamodule.setup("fit")
-    assert datamodule.val_engine.calls == ["release_memory"] and datamodule.engine.calls == []
+    trains, evaluates = datamodule.engine, datamodule.val_engine
+    assert evaluates.calls == ["release_memory"] and trains.calls == []
+    actor = torch.nn.Linear(1, 1)
+    datamodule.sync_weights(actor), datamodule.sync_weights(actor)  # after two updates
+    assert trains.calls == ["sync_weights"] * 2 and evaluates.calls == ["release_memory"]
+    datamodule.eval_batch("iid"), datamodule.eval_batch("ood")
+    assert evaluates.calls[:3] == ["release_memory", "sync_weights", "generate"]
+    assert evaluates.calls.count("sync_weights") == 1
     datamodule.teardown("fit")
-    plain = hydra.utils.instantiate(compose_cfg("env=gridworld").data, engine=RecordingEngine)
-    plain.setup("fit")
-    assert plain.engine.calls == []  # one engine for both: it generates first
-    plain.teardown("fit")
+
+
+def test_one_engine_for_training_and_evaluation_gets_every_update(compose_cfg):
+    datamodule = hydra.utils.instantiate(compose_cfg("env=gridworld").data, engine=RecordingEngine)
+    datamodule.setup("fit")
+    datamodule.sync_weights(torch.nn.Linear(1, 1))
+    assert datamodule.engine.calls == ["sync_weights"]  # no sleep at start: it generates first
+    datamodule.teardown("fit")
