@@ -23,7 +23,7 @@ from lightning_epo.core.errors import UserError
 from lightning_epo.doctor.memory import GIB, KNOWN_SHAPES, Shape, estimate
 from lightning_epo.envs.alfworld_data import REPO_ROOT as REPO
 from lightning_epo.runtime.config import DEEPSPEED_FACTORY, cpu_computes_bf16
-from lightning_epo.runtime.engine_choice import VLLM_ENGINE, choose_engine, installed_version, vllm_distribution
+from lightning_epo.runtime.engine_choice import choose_engine, installed_version, is_vllm, vllm_distribution
 from lightning_epo.runtime.resolvers import register_resolvers
 
 OK, WARN, FAIL, UNUSED = "ok", "warn", "FAIL", "-"
@@ -66,7 +66,7 @@ def uses_deepspeed(cfg: DictConfig) -> bool:
 
 
 def uses_vllm(cfg: DictConfig) -> bool:
-    return cfg.rollout.engine.get("_target_") == VLLM_ENGINE
+    return is_vllm(cfg.rollout.engine)
 
 
 def on_gpu(cfg: DictConfig) -> bool:

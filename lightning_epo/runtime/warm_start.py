@@ -37,7 +37,7 @@ from lightning_epo.core import layout
 from lightning_epo.core.errors import ConfigError, UserError
 from lightning_epo.core.secrets import scrub_secrets
 from lightning_epo.runtime.config import CONF_DIR
-from lightning_epo.runtime.engine_choice import VLLM_ENGINE
+from lightning_epo.runtime.engine_choice import is_vllm
 
 log = logging.getLogger(__name__)
 STAGE_DIR = layout.WARM_START
@@ -81,7 +81,7 @@ def evaluated_on_run_engine(stage: DictConfig, cfg: DictConfig) -> DictConfig:
     vLLM and the stage evaluates on an engine of its own (``data.val_engine``: its expert plays the training
     episodes): one vLLM engine serves both stages (runtime/shared_engine.py). The engine's interpolations
     (``${model}``, ``${seed}``) resolve in the stage, which inherits both."""
-    if cfg.rollout.engine.get("_target_") == VLLM_ENGINE and stage.data.get("val_engine"):
+    if is_vllm(cfg.rollout.engine) and stage.data.get("val_engine"):
         with open_dict(stage):
             stage.data.val_engine = OmegaConf.to_container(cfg.rollout.engine, resolve=False)
     return stage
@@ -102,6 +102,11 @@ def _check_one_process(cfg: DictConfig) -> None:
             f"(experiment={cfg.warm_start.experiment} export_policy=true), then this run with warm_start=null "
             "model.name_or_path=<that run>/policy model.build_if_missing=false"
         )
+
+
+def runs_warm_start(cfg: DictConfig) -> bool:
+    """Whether the run ``cfg`` is a training run with a ``warm_start`` stage before RL."""
+    return bool(cfg.get("warm_start")) and cfg.mode == "train"
 
 
 def run_warm_start(cfg: DictConfig, user_overrides: Sequence[str], run_stage: Callable[[DictConfig], Any]) -> Path:
