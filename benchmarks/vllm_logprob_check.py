@@ -5,6 +5,8 @@
     python benchmarks/vllm_logprob_check.py --model-path M --trainer-precision bf16-mixed
         # vLLM in bfloat16, the trainer's float32 weights under bf16 autocast: what
         # trainer.precision=bf16-mixed rollout.engine.dtype=bfloat16 runs
+    python benchmarks/vllm_logprob_check.py --model-path M --engine-dtype bfloat16
+        # vLLM in bfloat16 against the trainer in float32: what rollout.engine.dtype=bfloat16 alone runs
     python benchmarks/vllm_logprob_check.py --model-path M --shared-instruction
         # every prompt opens with one instruction (SHARED_INSTRUCTION), as an environment's
         # prompts do: vLLM's prefix cache serves its KV blocks to every prompt after the first
@@ -143,11 +145,12 @@ def sample_and_compare(
 
 def check(model_cfg: dict[str, Any], prompts: int = 16, max_new_tokens: int = 64, seed: int = 0,
           gpu_memory_utilization: float = 0.3, bf16_mixed: bool = False,
-          shared_instruction: bool = False) -> dict[str, Any]:
+          shared_instruction: bool = False, engine_dtype: str | None = None) -> dict[str, Any]:
     """Run the check on the ``model`` config; returns the measured differences and ``passed``. ``bf16_mixed``: the
     engine in bfloat16 and the trainer's ``model.dtype`` weights under bf16 autocast (bfloat16's tolerances).
-    ``shared_instruction``: every prompt opens with ``SHARED_INSTRUCTION`` (prefix-cached KV blocks)."""
-    dtype = "bfloat16" if bf16_mixed else model_cfg.get("dtype") or "float32"
+    ``engine_dtype``: the engine's dtype where it is not the trainer's (``rollout.engine.dtype`` alone; its
+    tolerances). ``shared_instruction``: every prompt opens with ``SHARED_INSTRUCTION`` (prefix-cached KV blocks)."""
+    dtype = engine_dtype or ("bfloat16" if bf16_mixed else model_cfg.get("dtype") or "float32")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = load_tokenizer(model_cfg)
     actor = load_actor(model_cfg).to(device).eval()
@@ -161,7 +164,8 @@ def check(model_cfg: dict[str, Any], prompts: int = 16, max_new_tokens: int = 64
     texts = [opening + PROMPTS[i % len(PROMPTS)] for i in range(prompts)]
     prompt_ids = [tokenizer(t)["input_ids"] for t in texts]
     generations, diff = sample_and_compare(engine, actor, prompt_ids, max_new_tokens, autocast=bf16_mixed)
-    cpu_float32 = (device, dtype) == ("cpu", "float32")
+    trainer_dtype = "bfloat16 autocast" if bf16_mixed else model_cfg.get("dtype") or "float32"
+    cpu_float32 = (device, dtype, trainer_dtype) == ("cpu", "float32", "float32")  # both stacks in float32
     if cpu_float32:  # before the weights go back: the float64 reference is the pushed weights'
         engine_error, trainer_error = float32_errors(actor, prompt_ids, generations)
     with torch.no_grad():
@@ -170,8 +174,8 @@ def check(model_cfg: dict[str, Any], prompts: int = 16, max_new_tokens: int = 64
     diff_before = logprob_diffs(actor, prompt_ids, generations, autocast=bf16_mixed)
     mean_tol, p99_tol = TOLERANCES[dtype]
     report = {
-        "model": model_cfg["name_or_path"], "dtype": dtype, "shared_instruction": shared_instruction,
-        "trainer_bf16_autocast": bf16_mixed, "device": device,
+        "model": model_cfg["name_or_path"], "dtype": dtype, "trainer_dtype": trainer_dtype,
+        "shared_instruction": shared_instruction, "device": device,
         "tokens": int(diff.numel()),
         "mean_abs_diff": float(diff.mean()), "p99_abs_diff": float(diff.quantile(0.99)),
         "max_abs_diff": float(diff.max()),
@@ -205,6 +209,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=sorted(TOLERANCES))
     parser.add_argument("--trainer-precision", default="32-true", choices=["32-true", "bf16-mixed"],
                         help="bf16-mixed: vLLM in bfloat16 against the trainer's --dtype weights under bf16 autocast")
+    parser.add_argument("--engine-dtype", choices=sorted(TOLERANCES),
+                        help="vLLM's dtype where it is not --dtype (the trainer's): rollout.engine.dtype alone")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--shared-instruction", action="store_true",
                         help="every prompt opens with one instruction, read from vLLM's prefix cache after the first")
@@ -216,7 +222,8 @@ def main() -> None:
     model_cfg = {"name_or_path": args.model_path} if args.model_path else tiny_model_cfg()
     model_cfg["dtype"] = args.dtype
     report = check(model_cfg, args.prompts, args.max_new_tokens, gpu_memory_utilization=args.gpu_memory_utilization,
-                   bf16_mixed=args.trainer_precision == "bf16-mixed", shared_instruction=args.shared_instruction)
+                   bf16_mixed=args.trainer_precision == "bf16-mixed", shared_instruction=args.shared_instruction,
+                   engine_dtype=args.engine_dtype)
     print(machine_line())
     print(json.dumps(report, indent=2))
     print(f"max_abs_diff {report['max_abs_diff']:.3g}")

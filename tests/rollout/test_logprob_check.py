@@ -39,3 +39,17 @@ def test_an_engine_further_from_exact_fails_unless_within_the_absolute_bound(act
     assert engine_error.min() > 9e-5  # the offset, seen against float64
     assert not as_exact_as_the_trainer(1e-4, engine_error, trainer_error)
     assert as_exact_as_the_trainer(5e-6, engine_error, trainer_error)
+
+
+@pytest.mark.vllm
+def test_the_check_runs_the_engine_alone_in_bf16(vllm_env, tiny_model_path):
+    """``--engine-dtype bfloat16`` (what ``rollout.engine.dtype=bfloat16`` alone runs): vLLM in bf16, the trainer in
+    float32. The report names both, and the log-probs differ by bf16's rounding, not float32's (with the engine in
+    float32 the tiny model's two stacks differ by about 1e-6: benchmarks/RESULTS.md section 11)."""
+    from benchmarks.vllm_logprob_check import check
+
+    report = check({"name_or_path": tiny_model_path, "dtype": "float32"}, prompts=4, max_new_tokens=16,
+                   engine_dtype="bfloat16")
+    assert (report["dtype"], report["trainer_dtype"]) == ("bfloat16", "float32")
+    assert report["mean_abs_diff"] > 1e-4, report
+    assert "vllm_max_error_vs_float64" not in report  # the float32 bound is not applied to a bf16 engine
