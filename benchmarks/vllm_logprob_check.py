@@ -150,7 +150,9 @@ def check(model_cfg: dict[str, Any], prompts: int = 16, max_new_tokens: int = 64
     engine in bfloat16 and the trainer's ``model.dtype`` weights under bf16 autocast (bfloat16's tolerances).
     ``engine_dtype``: the engine's dtype where it is not the trainer's (``rollout.engine.dtype`` alone; its
     tolerances). ``shared_instruction``: every prompt opens with ``SHARED_INSTRUCTION`` (prefix-cached KV blocks)."""
-    dtype = engine_dtype or ("bfloat16" if bf16_mixed else model_cfg.get("dtype") or "float32")
+    weights = model_cfg.get("dtype") or "float32"  # the trainer's
+    dtype = engine_dtype or ("bfloat16" if bf16_mixed else weights)
+    trainer_dtype = "bfloat16 autocast" if bf16_mixed else weights
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = load_tokenizer(model_cfg)
     actor = load_actor(model_cfg).to(device).eval()
@@ -164,7 +166,6 @@ def check(model_cfg: dict[str, Any], prompts: int = 16, max_new_tokens: int = 64
     texts = [opening + PROMPTS[i % len(PROMPTS)] for i in range(prompts)]
     prompt_ids = [tokenizer(t)["input_ids"] for t in texts]
     generations, diff = sample_and_compare(engine, actor, prompt_ids, max_new_tokens, autocast=bf16_mixed)
-    trainer_dtype = "bfloat16 autocast" if bf16_mixed else model_cfg.get("dtype") or "float32"
     cpu_float32 = (device, dtype, trainer_dtype) == ("cpu", "float32", "float32")  # both stacks in float32
     if cpu_float32:  # before the weights go back: the float64 reference is the pushed weights'
         engine_error, trainer_error = float32_errors(actor, prompt_ids, generations)
