@@ -17,6 +17,8 @@ class RolloutBatch:
     input_ids, attention_mask, response_mask: ``[N, L]`` (response_mask is 1 only on generated tokens);
     traj_ids, turn_idx, group_ids: ``[N]`` long; turn_rewards, episode_returns: ``[N]`` float;
     state_ids: ``[N]`` long, the same for rows of one group played from the same observation (GiGPO's anchors);
+    sampler_logprobs: ``[N, L]`` float, the engine's log-prob of each response token at the token's position (0
+    elsewhere), None where the turns carry none (the expert's);
     ``stats``: rollout metrics (``train/*``, ``perf/*``) already reduced to floats for this rank.
     """
 
@@ -29,6 +31,7 @@ class RolloutBatch:
     turn_rewards: torch.Tensor
     episode_returns: torch.Tensor
     state_ids: torch.Tensor
+    sampler_logprobs: torch.Tensor | None = None
     stats: dict[str, float] = field(default_factory=dict)
     episodes: list[Episode] = field(default_factory=list)
 
@@ -48,8 +51,9 @@ class RolloutBatch:
         picked = {
             f.name: getattr(self, f.name)[rows] for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)
         }
-        for name in ("input_ids", "attention_mask", "response_mask"):
-            picked[name] = picked[name][:, :length]
+        for name in ("input_ids", "attention_mask", "response_mask", "sampler_logprobs"):
+            if name in picked:
+                picked[name] = picked[name][:, :length]
         return RolloutBatch(**picked)
 
     def advantage_inputs(self, values: torch.Tensor | None = None) -> AdvantageInputs:
@@ -78,7 +82,8 @@ class RolloutBatch:
 
 def collate_episodes(episodes: list[Episode], pad_token_id: int, stats: dict[str, float] | None = None) -> RolloutBatch:
     """Stack every turn of ``episodes`` into a right-padded :class:`RolloutBatch` (token in, token out:
-    the rows hold exactly the engine's ids). A turn with ``learned=False`` keeps its row, with no response mask."""
+    the rows hold exactly the engine's ids, and its log-probs where every turn has them). A turn with
+    ``learned=False`` keeps its row, with no response mask."""
     turns = [t for ep in episodes for t in ep.turns]
     if not turns:
         raise ValueError("the rollout produced no agent turns: check env.max_turns and the task split")
@@ -86,11 +91,15 @@ def collate_episodes(episodes: list[Episode], pad_token_id: int, stats: dict[str
     input_ids = torch.full((len(turns), length), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((len(turns), length), dtype=torch.long)
     response_mask = torch.zeros((len(turns), length), dtype=torch.bool)
+    scored = all(t.response_logprobs is not None for t in turns)
+    sampler_logprobs = torch.zeros((len(turns), length)) if scored else None
     for row, t in enumerate(turns):
         p, r = len(t.prompt_ids), len(t.response_ids)
         input_ids[row, : p + r] = torch.tensor(t.prompt_ids + t.response_ids, dtype=torch.long)
         attention_mask[row, : p + r] = 1
         response_mask[row, p : p + r] = t.learned
+        if scored:
+            sampler_logprobs[row, p : p + r] = torch.tensor(t.response_logprobs)
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -101,6 +110,7 @@ def collate_episodes(episodes: list[Episode], pad_token_id: int, stats: dict[str
         turn_rewards=torch.tensor([t.reward for t in turns], dtype=torch.float32),
         episode_returns=torch.tensor([t.episode_return for t in turns], dtype=torch.float32),
         state_ids=anchor_state_ids(turns),
+        sampler_logprobs=sampler_logprobs,
         stats=dict(stats or {}),
         episodes=episodes,
     )

@@ -205,7 +205,7 @@ class EpisodeCollector:
             learned=generation.learned,
             action_valid=formatted,
             format_ok=formatted and action is not None,
-            response_logprobs=list(generation.logprobs),
+            response_logprobs=None if generation.logprobs is None else list(generation.logprobs),
             task=run.episode.task,
             response_text=text,
             action=action,

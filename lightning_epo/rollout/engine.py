@@ -40,12 +40,14 @@ class SamplingParams:
 class Generation:
     """One sampled response. ``finish_reason`` is ``stop`` (an end token) or ``length`` (the cap).
 
+    ``logprobs``: each sampled token's log-prob under the distribution it was drawn from, ``log_softmax(logits / T)``
+    (what the trainer recomputes as the old policy's); None from an engine that samples from no policy (the expert).
     ``learned=False`` marks a response that is played but must not be trained on (a noisy expert's
     exploratory action: DART learns the expert's answers at the states the noise leads to, not the noise).
     """
 
     token_ids: list[int]
-    logprobs: list[float]
+    logprobs: list[float] | None
     finish_reason: str
     learned: bool = True
 

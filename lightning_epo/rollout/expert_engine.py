@@ -64,5 +64,5 @@ class ExpertEngine(GenerationEngine):
                 action = random.choice(self.explore_actions)
             ids = self.tokenizer.encode(self.response_text(action), add_special_tokens=False)
             ids.append(int(self.tokenizer.eos_token_id))
-            generations.append(Generation(ids, [0.0] * len(ids), "stop", learned=not explored))
+            generations.append(Generation(ids, None, "stop", learned=not explored))
         return generations

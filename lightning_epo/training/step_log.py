@@ -12,7 +12,7 @@ from lightning_epo.algos.objective import ObjectiveSettings, StepTargets
 from lightning_epo.core.metric_names import LOSS_TERMS, PANELS, ROLLOUT_COUNTS
 from lightning_epo.rollout.batch import RolloutBatch
 from lightning_epo.training.entropy_panels import entropy_panel_sums
-from lightning_epo.training.step_metrics import RankSums, ratio, turn_entropy_sums
+from lightning_epo.training.step_metrics import RankSums, ratio, sampler_gap_sums, turn_entropy_sums
 
 
 def step_sums(
@@ -21,7 +21,8 @@ def step_sums(
 ) -> RankSums:
     """This rank's sums for the step's metrics: the rollout's stats, the update's loss terms (``terms``), the
     old-policy token entropies ``entropy`` ``[N, L]`` (overall, by panel with ``edges`` = (turns, tokens) at each
-    end, by turn index below ``max_turns``), the tokens outside Eq. 5's band and the old critic's moments."""
+    end, by turn index below ``max_turns``), the engine's log-probs against the old policy's, the tokens outside
+    Eq. 5's band and the old critic's moments."""
     mask = batch.response_mask
     sums = RankSums(entropy.device)
     for name, value in [*batch.stats.items(), *((f"terms/{n}", v) for n, v in terms.items())]:
@@ -29,6 +30,7 @@ def step_sums(
     sums.add("entropy", torch.stack([entropy[mask].sum(), mask.sum().float()]))
     sums.add("panels", entropy_panel_sums(entropy, mask, batch.traj_ids, batch.turn_idx, *edges))
     sums.add("turns", turn_entropy_sums(entropy, mask, batch.turn_idx, max_turns))
+    sums.add("sampler_gap", sampler_gap_sums(batch.sampler_logprobs, targets.old_logprobs, mask))
     if s.smoothing and s.entropy_ref is not None:
         sums.add("out_of_range", out_of_range(entropy[mask], s.entropy_ref, s.kappa_l, s.kappa_r).sum())
     if targets.returns is not None:  # the old critic against the targets it is trained on this step
@@ -41,12 +43,14 @@ def step_metrics(
     entropy_regularised: bool,
 ) -> dict[str, float]:
     """The step's values from the all-rank sums ``total`` (:func:`step_sums`): the rollout's ``stats`` (counts add
-    up over ranks, rates average), the loss terms, the PPO diagnostics, λ_k (where ``entropy_regularised``:
-    ``algo.entropy_coef > 0``), β_k and H̄ (with smoothing), the entropy panels and the critic's explained variance
-    (undefined when the returns do not vary)."""
+    up over ranks, rates average), the loss terms, the PPO diagnostics, the engine's mean log-prob gap (with engine
+    log-probs), λ_k (where ``entropy_regularised``: ``algo.entropy_coef > 0``), β_k and H̄ (with smoothing), the
+    entropy panels and the critic's explained variance (undefined when the returns do not vary)."""
     metrics = {name: float(total[name] if name in ROLLOUT_COUNTS else total[name] / world_size) for name in stats}
     metrics |= {f"loss/{name}": float(total[f"terms/{name}"]) for name in LOSS_TERMS if name in terms}
     metrics |= {"ppo/clipfrac": float(total["terms/clipfrac"]), "ppo/approx_kl": float(total["terms/approx_kl"])}
+    if (gap := ratio(total["sampler_gap"])) is not None:
+        metrics["train/sampler_logprob_gap"] = gap
     if entropy_regularised:
         metrics["epo/entropy_coef"] = s.entropy_coef
     if s.smoothing:

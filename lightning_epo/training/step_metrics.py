@@ -42,6 +42,19 @@ def turn_entropy_sums(
     return sums
 
 
+def sampler_gap_sums(
+    sampler_logprobs: torch.Tensor | None, old_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """``[2]``: the sum and count of ``|sampler_logprobs - old_logprobs|`` over the response tokens ``mask``, all
+    ``[N, L]``: how far the log-probs the engine sampled with are from the old policy's that Eq. 3's ratio divides by
+    (0 with the same weights in the same arithmetic; a bf16 engine or a stale weight push shows here). ``[0, 0]``
+    without engine log-probs (None: the expert's)."""
+    if sampler_logprobs is None:
+        return torch.zeros(2, device=old_logprobs.device)
+    gap = (sampler_logprobs - old_logprobs).abs()[mask]
+    return torch.stack([gap.sum(), torch.tensor(float(gap.numel()), device=gap.device)])
+
+
 def turn_means(sums: torch.Tensor) -> list[float]:
     """Mean entropy per turn index from :func:`turn_entropy_sums` (all ranks) ``[2, T]``: NaN where no token was,
     the turn indices after the last one any response reached left out."""

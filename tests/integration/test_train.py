@@ -33,6 +33,7 @@ def test_every_algo_runs_two_rl_steps(compose_cfg, tmp_path, algo):
     assert ("loss/value" in metrics) == cfg.algo.critic
     assert ("epo/beta" in metrics) == cfg.algo.epo.smoothing
     assert ("epo/entropy_coef" in metrics) == (cfg.algo.entropy_coef > 0)
+    assert metrics["train/sampler_logprob_gap"] < 1e-4  # the hf engine samples from the updated actor, in float32
     # every output of the run sits under the run directory
     assert (tmp_path / "run" / "csv" / "metrics.csv").is_file()
 

@@ -12,6 +12,7 @@ import torch
 from test_exact_resume import FAST as RESUME_FAST
 from test_exact_resume import logged
 
+from benchmarks.vllm_logprob_check import TOLERANCES
 from lightning_epo.runtime.run import run
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("vllm_env")]
@@ -34,6 +35,7 @@ def test_two_rl_steps_with_the_vllm_config_as_it_is(compose_cfg, tmp_path):
     ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["rl_state"]["rl_step"] == 2
     assert torch.isfinite(torch.tensor(metrics["loss/total"])) and metrics["perf/gen_tokens_per_s"] > 0
+    assert metrics["train/sampler_logprob_gap"] <= TOLERANCES["float32"][0]  # step 2 sampled the pushed update
 
 
 def test_stop_and_resume_logs_the_same_values_as_one_run(compose_cfg, tmp_path):
@@ -132,6 +134,8 @@ def test_rl_on_the_warm_starts_engine_logs_what_it_logs_on_its_own(compose_cfg, 
     compared = ("train/", "loss/", "epo/", "val/")
     shared, own = logged(tmp_path / "run", compared), logged(tmp_path / "own", compared)
     assert own.keys() == shared.keys() and any(name.startswith("val/") for step in own.values() for name in step)
+    gaps = [step["train/sampler_logprob_gap"] for step in shared.values() if "train/sampler_logprob_gap" in step]
+    assert len(gaps) == 2 and max(gaps) <= TOLERANCES["float32"][0]  # step 2: the update's adapters, merged, pushed
     for step in own:
         assert own[step].keys() == shared[step].keys(), step
         for name, value in own[step].items():

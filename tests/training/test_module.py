@@ -242,3 +242,26 @@ def test_the_update_gives_the_old_policy_of_the_rows_it_reaches_before_its_first
     (window,), (passed_window,) = ([c for c in t.callbacks if isinstance(c, EntropyWindow)]
                                    for t in (left_trainer, passed_trainer))
     assert window.values == pytest.approx(passed_window.values, abs=1e-6) and len(window.values) == 2
+
+
+def test_the_step_logs_how_far_the_engines_log_probs_are_from_the_trainers(compose_cfg):
+    """``train/sampler_logprob_gap``: the mean over response tokens of |engine log-prob - old log-prob|, from the
+    old-policy pass and the update's first forward alike (two mini-batches); not logged without engine log-probs."""
+    from lightning_epo.models.policy_outputs import actor_token_outputs
+
+    cfg = compose_cfg("algo=grpo_epo", "algo.mini_batches=2", "total_steps=1")
+    module = hydra.utils.instantiate(cfg.module)
+    module.configure_model()  # the policy fit_one_step starts from
+    batch = synthetic_batch(500, seed=3)
+    mask = batch.response_mask
+    with torch.no_grad():
+        old, _ = actor_token_outputs(module.actor, batch.input_ids, batch.attention_mask, mask)
+    offsets = torch.where(torch.arange(mask.shape[1]) % 2 == 0, 0.3, -0.1).expand_as(old) * mask
+    batch.sampler_logprobs = old + offsets
+    _, trainer = fit_one_step(cfg, [batch])
+    expected = float(offsets.abs()[mask].mean())
+    assert float(trainer.callback_metrics["train/sampler_logprob_gap"]) == pytest.approx(expected, abs=1e-4)
+    assert 0.1 < expected < 0.3  # both offsets counted, token-weighted
+
+    _, without = fit_one_step(cfg, [synthetic_batch(500, seed=3)])
+    assert "train/sampler_logprob_gap" not in without.callback_metrics and "loss/policy" in without.callback_metrics
