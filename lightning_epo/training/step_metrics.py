@@ -51,8 +51,7 @@ def sampler_gap_sums(
     without engine log-probs (None: the expert's)."""
     if sampler_logprobs is None:
         return torch.zeros(2, device=old_logprobs.device)
-    gap = (sampler_logprobs - old_logprobs).abs()[mask]
-    return torch.stack([gap.sum(), torch.tensor(float(gap.numel()), device=gap.device)])
+    return torch.stack([(sampler_logprobs - old_logprobs).abs()[mask].sum(), mask.sum().float()])
 
 
 def turn_means(sums: torch.Tensor) -> list[float]:

@@ -38,6 +38,23 @@ def test_two_rl_steps_with_the_vllm_config_as_it_is(compose_cfg, tmp_path):
     assert metrics["train/sampler_logprob_gap"] <= TOLERANCES["float32"][0]  # step 2 sampled the pushed update
 
 
+def test_a_weight_push_that_does_not_arrive_shows_in_the_log_prob_gap(compose_cfg, monkeypatch):
+    """The engine keeps sampling from the starting weights (every push after the first does nothing): step 2's
+    ``train/sampler_logprob_gap`` is then the update's change of the log-probs, far above float32's bound."""
+    from lightning_epo.rollout.vllm_engine import VLLMEngine
+
+    push = VLLMEngine.sync_weights
+
+    def first_push_only(self, actor):
+        if not getattr(self, "pushed_once", False):
+            self.pushed_once = True
+            push(self, actor)
+
+    monkeypatch.setattr(VLLMEngine, "sync_weights", first_push_only)
+    metrics = run(compose_cfg(*FAST))
+    assert metrics["train/sampler_logprob_gap"] > 10 * TOLERANCES["float32"][0]
+
+
 def test_stop_and_resume_logs_the_same_values_as_one_run(compose_cfg, tmp_path):
     """As tests/integration/test_exact_resume.py for rollout=hf: vLLM samples from the generators the trainer
     reseeds every RL step, so steps 3-5 of a resumed run are those of an uninterrupted one."""
