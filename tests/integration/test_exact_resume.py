@@ -36,9 +36,10 @@ def assert_logged_alike(whole: dict[int, dict[str, float]], split: dict[int, dic
     DESIGN's first promise (one command, one machine, one seed: the same values bit for bit, stopped and resumed or
     not), checked within rel 1e-6 (about 8 float32 ulp) or 1e-7 absolute (``LOGPROB_ROUNDING``: the log-prob gap's
     own size): the tests run ``whole`` in the test process, after other tests whose state there moved its float
-    rounding against a ``train.py`` subprocess on an AVX-512 CPU with AMX (in the full suite: 4.8e-7 on a loss of 6.7, 7.5e-9 against -7.5e-9 on a policy loss near
-    0). Two commands are compared bit for bit in docs/history.md ("Bit-identical runs on AVX-512 CPUs"), and
-    tests/models/test_shared_prefix.py holds the gradient that used to part them."""
+    rounding against a ``train.py`` subprocess on an AVX-512 CPU with AMX (in the full suite: 4.8e-7 on a loss of
+    6.7, 7.5e-9 against -7.5e-9 on a policy loss near 0). Two commands are compared bit for bit in docs/history.md
+    ("Bit-identical runs on AVX-512 CPUs"), and tests/models/test_shared_prefix.py holds the gradient that used to
+    part them."""
     for step, values in whole.items():
         assert split[step].keys() == values.keys(), step
         for name, value in values.items():
