@@ -37,9 +37,12 @@ def prefixed_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 SHARINGS = {"prefix": Sharing(PREFIX), "fold": Sharing.from_hosts(HOSTS), "prefix+fold": Sharing.from_hosts(HOSTS, PREFIX)}
 
 
-@pytest.fixture
-def actor(tiny_model_path):
-    return load_actor({"name_or_path": tiny_model_path, "dtype": "float32", "attn_implementation": "sdpa"}).train()
+@pytest.fixture(params=["sdpa", "eager"])
+def actor(tiny_model_path, request):
+    """The tiny actor with each attention a config can pick on CPU (``model.attn_implementation``): the rows' pass
+    reaches attention with the prefix's keys and values and an explicit mask, which each implements on its own."""
+    model_cfg = {"name_or_path": tiny_model_path, "dtype": "float32", "attn_implementation": request.param}
+    return load_actor(model_cfg).train()
 
 
 def test_shared_prefix_length():
