@@ -9,7 +9,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, open_dict
 
+from lightning_epo.runtime.resolvers import register_resolvers
+
 REPO = Path(__file__).resolve().parents[1]
+register_resolvers()  # the configs' own resolvers (${native_bf16:...}), as train.py registers them before composing
 
 
 @pytest.fixture(scope="session")

@@ -22,8 +22,16 @@ def run_config(*, _root_: DictConfig) -> dict:
     return OmegaConf.to_container(OmegaConf.masked_copy(_root_, kept), resolve=True)
 
 
+def native_bf16(if_native: str, otherwise: str) -> str:
+    """``${native_bf16:A,B}``: ``A`` where this CPU computes bf16 natively (AVX-512 BF16 or AMX, what the doctor
+    reports as "bf16 native"), else ``B``: a recipe's setting that is faster in bf16 only where bf16 is not emulated."""
+    from lightning_epo.runtime.config import cpu_computes_bf16  # at call time: torch and the config checks load late
+
+    return if_native if cpu_computes_bf16() else otherwise
+
+
 def register_resolvers() -> None:
-    """Register ``${run_id:DIR}`` and ``${run_config:}`` (idempotent)."""
-    for name, resolver in (("run_id", run_id), ("run_config", run_config)):
+    """Register ``${run_id:DIR}``, ``${run_config:}`` and ``${native_bf16:A,B}`` (idempotent)."""
+    for name, resolver in (("run_id", run_id), ("run_config", run_config), ("native_bf16", native_bf16)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)

@@ -110,6 +110,19 @@ def test_the_stage_logs_where_the_run_logs(compose_cfg, experiment, tmp_path):
     assert "logger=csv" in stage_overrides(cfg, [f"experiment={experiment}", "logger=csv"], tmp_path)
 
 
+def test_float32_on_the_command_line_holds_for_the_smollm2_recipes_warm_start_too(compose_cfg, tmp_path, monkeypatch):
+    """The recipe picks bf16 where the CPU computes it natively (docs/bf16_eager_cpu.md); a user who asks for float32
+    there gets it in the supervised stage as well as in RL."""
+    from lightning_epo.runtime import config
+
+    monkeypatch.setattr(config, "cpu_computes_bf16", lambda: True)
+    user = ["experiment=smollm2_gridworld", "trainer.precision=32-true", "model.attn_implementation=sdpa"]
+    stage = compose_cfg(*stage_overrides(compose_cfg(*user), user, tmp_path))
+    assert (stage.trainer.precision, stage.model.attn_implementation) == ("32-true", "sdpa")
+    stage = compose_cfg(*stage_overrides(compose_cfg(user[0]), user[:1], tmp_path))
+    assert (stage.trainer.precision, stage.model.attn_implementation) == ("bf16-mixed", "eager")
+
+
 @pytest.mark.parametrize("experiment", ["gridworld_learn", "smollm2_gridworld", "smollm2_alfworld"])
 def test_the_stage_trains_on_the_prompts_the_run_plays(compose_cfg, experiment, tmp_path):
     """The warm start's prompts are the RL stage's (environment, history window, think instruction): an experiment

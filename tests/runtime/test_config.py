@@ -116,3 +116,19 @@ def test_a_run_without_the_weight_sync_is_refused_at_start(compose_cfg):
     start, instead of stopping at its first collection."""
     with pytest.raises(ConfigError, match=r"callbacks\.weight_sync .*keep it"):
         validate(compose_cfg("~callbacks.weight_sync"))
+
+
+@pytest.mark.parametrize(("native", "expected"), [(True, ("bf16-mixed", "eager", "bfloat16")),
+                                                  (False, ("32-true", "sdpa", "float32"))])
+@pytest.mark.parametrize("experiment", ["smollm2_gridworld", "smollm2_gridworld_sft"])
+def test_the_smollm2_gridworld_recipe_trains_in_bf16_where_the_cpu_computes_it(compose_cfg, monkeypatch, experiment,
+                                                                              native, expected):
+    """docs/bf16_eager_cpu.md: bf16 with eager attention passed its rule on a CPU with AMX; where bf16 is emulated
+    (AVX2: 0.3-0.7 GFLOP/s) the recipe stays float32. The warm start picks what its RL run picks."""
+    from lightning_epo.runtime import config
+
+    monkeypatch.setattr(config, "cpu_computes_bf16", lambda: native)
+    cfg = compose_cfg(f"experiment={experiment}")
+    assert (cfg.trainer.precision, cfg.model.attn_implementation) == expected[:2]
+    if experiment == "smollm2_gridworld":
+        assert cfg.rollout.engine.dtype == expected[2]
