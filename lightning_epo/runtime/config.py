@@ -442,7 +442,7 @@ def check_machine(cfg: DictConfig) -> None:
             "trainer.accelerator=gpu but no CUDA GPU is visible: use trainer=cpu, or trainer=ddp "
             "trainer.accelerator=cpu trainer.devices=2 trainer.precision=32-true for data parallelism on CPU"
         )
-    bf16_on_cpu = "bf16" in str(trainer.get("precision")) and trainer.get("accelerator") == "cpu"
+    bf16_on_cpu = "bf16" in str(trainer.get("precision")) and _on_cpu(trainer)
     if bf16_on_cpu and not cpu_computes_bf16():
         log.warning("trainer.precision=%s on a CPU without AVX-512 BF16 or AMX: bf16 matrix products are emulated, "
                     "far slower than float32 here; trainer.precision=32-true is faster", trainer.precision)

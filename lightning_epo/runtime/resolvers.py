@@ -30,8 +30,15 @@ def native_bf16(if_native: str, otherwise: str) -> str:
     return if_native if cpu_computes_bf16() else otherwise
 
 
+def if_bf16(precision: str, if_bf16: str, otherwise: str) -> str:
+    """``${if_bf16:${trainer.precision},A,B}``: ``A`` where the trainer computes in bf16 (``bf16-mixed``,
+    ``bf16-true``), else ``B``: a setting that follows the precision (one override of it changes both)."""
+    return if_bf16 if "bf16" in str(precision) else otherwise
+
+
 def register_resolvers() -> None:
-    """Register ``${run_id:DIR}``, ``${run_config:}`` and ``${native_bf16:A,B}`` (idempotent)."""
-    for name, resolver in (("run_id", run_id), ("run_config", run_config), ("native_bf16", native_bf16)):
+    """Register ``${run_id:DIR}``, ``${run_config:}``, ``${native_bf16:A,B}`` and ``${if_bf16:P,A,B}`` (idempotent)."""
+    for name, resolver in (("run_id", run_id), ("run_config", run_config), ("native_bf16", native_bf16),
+                           ("if_bf16", if_bf16)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)

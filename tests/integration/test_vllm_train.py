@@ -144,8 +144,9 @@ def test_rl_on_the_warm_starts_engine_logs_what_it_logs_on_its_own(compose_cfg, 
     """The engine the warm start started and evaluated on leaves nothing in RL's numbers: the same RL run, its warm
     start's policy reused (the stage skipped), on an engine of its own, logs the same values."""
     overrides = [*RECIPE, f"model.name_or_path={tiny_model_path}", "total_steps=2", "test_every=2"]
-    engine_dtype = compose_cfg(*overrides).rollout.engine.dtype  # bfloat16 where the CPU computes it natively
-    run(compose_cfg(*overrides), overrides=overrides)
+    cfg = compose_cfg(*overrides)
+    engine_dtype = cfg.rollout.engine.dtype  # bfloat16 where the CPU computes it natively
+    run(cfg, overrides=overrides)
     shutil.copytree(tmp_path / "run" / "warm_start" / "policy", tmp_path / "own" / "warm_start" / "policy")
     run(compose_cfg(*overrides, f"run_dir={tmp_path / 'own'}"), overrides=overrides)
     assert engine_starts == [tiny_model_path, str(tmp_path / "own" / "warm_start" / "policy")]

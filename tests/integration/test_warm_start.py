@@ -116,7 +116,7 @@ def test_float32_on_the_command_line_holds_for_the_smollm2_recipes_warm_start_to
     from lightning_epo.runtime import config
 
     monkeypatch.setattr(config, "cpu_computes_bf16", lambda: True)
-    user = ["experiment=smollm2_gridworld", "trainer.precision=32-true", "model.attn_implementation=sdpa"]
+    user = ["experiment=smollm2_gridworld", "trainer.precision=32-true"]  # attention and vLLM's dtype follow it
     stage = compose_cfg(*stage_overrides(compose_cfg(*user), user, tmp_path))
     assert (stage.trainer.precision, stage.model.attn_implementation) == ("32-true", "sdpa")
     stage = compose_cfg(*stage_overrides(compose_cfg(user[0]), user[:1], tmp_path))

@@ -132,3 +132,5 @@ def test_the_smollm2_gridworld_recipe_trains_in_bf16_where_the_cpu_computes_it(c
     assert (cfg.trainer.precision, cfg.model.attn_implementation) == expected[:2]
     if experiment == "smollm2_gridworld":
         assert cfg.rollout.engine.dtype == expected[2]
+        float32 = compose_cfg(f"experiment={experiment}", "trainer.precision=32-true")  # one override: all follow
+        assert (float32.model.attn_implementation, float32.rollout.engine.dtype) == ("sdpa", "float32")
