@@ -1,5 +1,7 @@
 """The 95 % Wilson score interval of a success rate over n episodes, which every success rate of the project's tables
-carries, and Newcombe's interval for the difference of two such rates (two arms' final evaluations):
+carries, and Newcombe's intervals for the difference of two such rates (two arms' final evaluations, independent or
+paired per task). Both are evaluation noise only: the policies held fixed, their episodes redrawn; the spread of
+training over seeds is :mod:`lightning_epo.reports.paired`'s.
 
     python -m lightning_epo.reports.wilson SUCCESSES EPISODES     # e.g. 8 16 -> 50.0 [28.0, 72.0], n=16
     python -m lightning_epo.reports.wilson S1 N1 S2 N2            # e.g. 56 70 48 80 -> +0.200 [+0.052, +0.334]
@@ -39,11 +41,45 @@ def newcombe_interval(successes_1: float, n_1: int, successes_2: float, n_2: int
         (p1 - p2 - sqrt((p1 - l1)² + (u2 - p2)²),  p1 - p2 + sqrt((u1 - p1)² + (p2 - l2)²))
 
     Returns (low, high) as fractions."""
-    p_1, p_2 = successes_1 / n_1, successes_2 / n_2
-    (low_1, high_1), (low_2, high_2) = wilson_interval(successes_1, n_1, z), wilson_interval(successes_2, n_2, z)
-    difference = p_1 - p_2
-    return (difference - math.sqrt((p_1 - low_1) ** 2 + (high_2 - p_2) ** 2),
-            difference + math.sqrt((high_1 - p_1) ** 2 + (p_2 - low_2) ** 2))
+    return _square_and_add(successes_1 / n_1, wilson_interval(successes_1, n_1, z),
+                           successes_2 / n_2, wilson_interval(successes_2, n_2, z))
+
+
+def _square_and_add(p_1: float, interval_1: tuple[float, float], p_2: float, interval_2: tuple[float, float],
+                    phi: float = 0.0) -> tuple[float, float]:
+    """Newcombe's combination of two rates' intervals into one of ``p_1 - p_2`` (``phi``: their correlation)."""
+    (low_1, high_1), (low_2, high_2) = interval_1, interval_2
+    below = (p_1 - low_1) ** 2 - 2 * phi * (p_1 - low_1) * (high_2 - p_2) + (high_2 - p_2) ** 2
+    above = (high_1 - p_1) ** 2 - 2 * phi * (high_1 - p_1) * (p_2 - low_2) + (p_2 - low_2) ** 2
+    return p_1 - p_2 - math.sqrt(max(below, 0.0)), p_1 - p_2 + math.sqrt(max(above, 0.0))
+
+
+def newcombe_paired_interval(both: int, first_only: int, second_only: int, neither: int,
+                             z: float = Z95) -> tuple[float, float]:
+    """The interval of ``p1 - p2`` for two proportions measured on the same n items (paired: the same tasks played by
+    two arms), from the 2x2 table of the pairs, ``both`` + ``first_only`` + ``second_only`` + ``neither`` = n
+    (R. G. Newcombe, "Improved confidence intervals for the difference between binomial proportions based on paired
+    data", Statistics in Medicine 17 (1998) 2635-2650, method 10, as D. G. Altman et al., "Statistics with
+    confidence", 2nd ed. (2000), p. 52, give it): with ``p1 = (both + first_only) / n``, ``p2 = (both + second_only) /
+    n``, their Wilson intervals ``(l1, u1)``, ``(l2, u2)`` and the pairs' correlation, corrected towards 0,
+
+        B = both·neither - first_only·second_only,   C = B if B <= 0, max(B - n/2, 0) if B > 0
+        phi = C / sqrt((both + first_only)(second_only + neither)(both + second_only)(first_only + neither))
+
+    (0 where a margin is empty),
+
+        (p1 - p2 - sqrt((p1 - l1)² - 2 phi (p1 - l1)(u2 - p2) + (u2 - p2)²),
+         p1 - p2 + sqrt((u1 - p1)² - 2 phi (u1 - p1)(p2 - l2) + (p2 - l2)²)).
+
+    With phi = 0 it is :func:`newcombe_interval`; pairs that agree (phi > 0) narrow it. Returns (low, high) as
+    fractions."""
+    n = both + first_only + second_only + neither
+    first, second = both + first_only, both + second_only
+    margins = first * (second_only + neither) * second * (first_only + neither)
+    agreement = both * neither - first_only * second_only
+    corrected = agreement if agreement <= 0 else max(agreement - n / 2, 0.0)
+    phi = corrected / math.sqrt(margins) if margins else 0.0
+    return _square_and_add(first / n, wilson_interval(first, n, z), second / n, wilson_interval(second, n, z), phi)
 
 
 def format_rate(successes: int, n: int) -> str:
