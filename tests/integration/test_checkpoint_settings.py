@@ -1,5 +1,5 @@
 """A checkpoint records the settings that fix its state's shapes and meaning; a resume with other settings is refused
-at start, in one line naming each differing key and the fix, before any model is built (issue 33 item 3)."""
+at start, in one line naming each differing key and the fix, before any model is built."""
 
 from __future__ import annotations
 

@@ -141,7 +141,7 @@ def test_a_torch_file_that_is_not_a_lightning_checkpoint_is_one_line(tmp_path):
 
 NO_LOGIN = {"WANDB_API_KEY": None, "WANDB_MODE": None, "NETRC": "{tmp}/netrc", "HOME": "{tmp}"}
 NO_HUB = {"HF_HUB_CACHE": "{tmp}/hub", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing cached, nothing listens
-LATE = [  # Issue 33: each of these failed in a traceback after the model was built, or trained doing nothing.
+LATE = [  # each of these used to fail in a traceback after the model was built, or trained doing nothing.
     pytest.param(["model.attn_implementation=flash_attention_2"], "model.attn_implementation=flash_attention_2 needs ",
                  id="flash-attn"),
     pytest.param(["model.max_prompt_tokens=4"], "model.max_prompt_tokens=4 cannot hold the prompt's fixed text",

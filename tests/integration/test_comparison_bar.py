@@ -1,4 +1,4 @@
-"""PPO+EPO on ``experiment=gridworld_long`` from the shipped warm start clears the issue's bar, as
+"""PPO+EPO on ``experiment=gridworld_long`` from the shipped warm start clears the comparison's bar, as
 docs/comparison.md runs it: scripts/gridworld_comparison.sh, its final evaluations included (slow: three runs of
 about 20 minutes, two at a time, and their evaluations; 43 minutes on 2 cores).
 

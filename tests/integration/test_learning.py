@@ -1,4 +1,4 @@
-"""``experiment=gridworld_learn`` learns on a CPU: the issue's bar, as a user runs it (slow: about 9 + 6 + 3 minutes alone).
+"""``experiment=gridworld_learn`` learns on a CPU: the bar, as a user runs it (slow: about 9 + 6 + 3 minutes alone).
 
     .venv/bin/python -m pytest -m slow tests/integration/test_learning.py
 """
@@ -43,7 +43,7 @@ def first_and_last(history: dict, metric: str) -> tuple[float, float]:
 
 
 def test_rl_lifts_the_warm_start_to_80_percent_within_15_minutes_and_beats_its_control(tmp_path):
-    """The issue's bar, and that the rise comes from RL: the lr=0 control (same warm start, reused) stays
+    """The bar, and that the rise comes from RL: the lr=0 control (same warm start, reused) stays
     near its start; on 300 episodes per split the learning run's final policy beats the control by
     ``IID_MARGIN`` on IID tasks and ``OOD_MARGIN`` on OOD tasks."""
     history, wall_s = train(tmp_path / "learn")

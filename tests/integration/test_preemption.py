@@ -87,7 +87,7 @@ def assert_resumes_exactly(tiny_model_path: str, compose_cfg: Any, tmp_path: Pat
 def test_a_sigterm_after_the_checkpoint_hook_looked_still_saves_that_step(tiny_model_path, compose_cfg, tmp_path,
                                                                           monkeypatch):
     """Lightning runs the checkpoint callback's hook last of the callbacks, then the module's (the step line), the
-    loggers' write, and only then stops for a signal. A SIGTERM in between (2 ms after a step line, issue 46's check
+    loggers' write, and only then stops for a signal. A SIGTERM in between (2 ms after a step line, in a check
     of ``train.py total_steps=7``) stopped the run with nothing saved: "no checkpoint was written yet ... start the
     run again", 4 steps lost with checkpoints every 5. The step is saved now, and the resumed run logs what one run
     logs. Sent here from the module's hook after step 3 (in process: no command-line hook runs that late)."""

@@ -146,7 +146,7 @@ class _EmbeddingDecoder(torch.nn.Module):
 
 def test_folded_rows_give_the_same_gradient_bits_on_every_backward():
     """The same computation on the same tensors on two threads gives the same bits (identity is the point: DESIGN's
-    bit-for-bit promise, issue 46). Reading each folded row from its host gathers the hosts' hidden states with
+    bit-for-bit promise). Reading each folded row from its host gathers the hosts' hidden states with
     repeated indices; the gather's backward adds each host's rows into it. Indexed (``hidden[source]``), that sum ran
     as atomic float adds across threads on a CPU in any order, and two identical runs parted at RL step 1."""
     threads = torch.get_num_threads()

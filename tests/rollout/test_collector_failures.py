@@ -1,5 +1,5 @@
 """A rollout survives simulator crashes and hangs: the episode is truncated and counted, the run goes on,
-and no process is left behind (issue 3, environment pool)."""
+and no process is left behind (the environment pool)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What is knowable at start is checked at start (issue 33): the settings that used to fail late, with a traceback
+"""What is knowable at start is checked at start: the settings that used to fail late, with a traceback
 or not at all, are refused (or warned about) by runtime/config.py's checks in one line naming the key and the fix."""
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def test_a_full_disk_leaves_the_previous_last_ckpt_intact(small_disk, writer):
     with pytest.raises((OSError, RuntimeError)):  # torch's zip writer reports ENOSPC as a RuntimeError
         writer().save_checkpoint({"weights": torch.ones(2**20 * 3 // 4)}, path)  # 3 MiB do not fit
 
-    if writer is TorchCheckpointIO:  # Lightning's writer truncates the file it replaces: the probe
+    if writer is TorchCheckpointIO:  # Lightning's writer truncates the file it replaces: the probe
         assert not is_intact(path)
     else:
         assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "last.ckpt"]
