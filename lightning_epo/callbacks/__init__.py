@@ -1,9 +1,10 @@
 """Callbacks: the entropy history window, the beta_k schedule, RL-step checkpoints, weight sync, policy export,
-the success report, the progress bar."""
+the success report, every evaluation episode's outcome, the progress bar."""
 
 from lightning_epo.callbacks.beta_schedule import BetaSchedule
 from lightning_epo.callbacks.checkpoint import RLStepCheckpoint
 from lightning_epo.callbacks.entropy_window import EntropyWindow
+from lightning_epo.callbacks.eval_episodes import EvalEpisodesLog
 from lightning_epo.callbacks.export_policy import ExportPolicy
 from lightning_epo.callbacks.progress_bar import RLProgressBar
 from lightning_epo.callbacks.rollout_samples import RolloutSamples
@@ -16,6 +17,7 @@ from lightning_epo.callbacks.weight_sync import WeightSync
 __all__ = [
     "BetaSchedule",
     "EntropyWindow",
+    "EvalEpisodesLog",
     "ExportPolicy",
     "RLProgressBar",
     "RLStepCheckpoint",

@@ -1,0 +1,41 @@
+"""A run's evaluation episodes back from ``RUN_DIR/eval_episodes.jsonl`` (lightning_epo/callbacks/eval_episodes.py),
+and two runs' episodes of one seed paired per task."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lightning_epo.core import layout
+from lightning_epo.core.errors import UserError
+from lightning_epo.reports.paired import Pair
+
+Outcomes = dict[int, tuple[str, bool]]  # place in the validation sample: (task, won)
+
+
+def final_outcomes(run_dir: Path, split: str) -> Outcomes | None:
+    """The episodes of the run's last training evaluation of ``split`` (the largest ``after_rl_steps`` of
+    ``mode: train``; of an evaluation played twice, the last line of each place); None when the run recorded none
+    (no file: a run from before the record, or one whose callback was dropped)."""
+    path = Path(run_dir) / layout.EVAL_EPISODES
+    if not path.is_file():
+        return None
+    by_step: dict[int, Outcomes] = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise UserError(f"{path}:{number} is not JSON (a run stopped while writing it?): remove the line") from None
+        if row["mode"] == "train" and row["split"] == split:
+            by_step.setdefault(row["after_rl_steps"], {})[row["place"]] = (row["task"], row["won"])
+    return by_step[max(by_step)] if by_step else None
+
+
+def pair_outcomes(arm: Outcomes, other: Outcomes, what: str) -> list[Pair]:
+    """``(arm won, other won)`` per place, in place order; one error line (naming ``what``) when the two did not play
+    the same tasks at the same places: the runs are not paired."""
+    if arm.keys() != other.keys() or any(arm[p][0] != other[p][0] for p in arm):
+        differ = sorted(arm.keys() ^ other.keys()) or [p for p in sorted(arm) if arm[p][0] != other[p][0]]
+        raise UserError(f"{what}: the two runs' final evaluations did not play the same tasks (places {differ[:5]} "
+                        "differ): a paired comparison needs the same seed, env and env.val_size in both")
+    return [(arm[p][1], other[p][1]) for p in sorted(arm)]
