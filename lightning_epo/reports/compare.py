@@ -26,13 +26,13 @@ nothing.
 
 The report (``DIR/report-<PLAN>.md``, and the figures in ``DIR/figures/<PLAN>``: plans may share a folder, and with it
 their seeds' warm starts): per arm the final evaluation's success (the last ``val/<split>/success`` of each run), pooled
-over seeds with its 95 % Wilson interval; per seed each arm's paired difference against the baseline (and each
-contrast's: the first arm against the second); the mean paired difference over seeds with a 95 % interval from a
-two-level bootstrap (seeds drawn with replacement, then each drawn run's episodes redrawn from its observed rate; the
-seed is the unit of pairing, so this carries both the spread of training over seeds and the evaluation's sampling noise,
-and with few seeds it is too narrow rather than too wide); the entropy of early and late turns and the share of mixed
-groups per RL step, overlaid per arm (``reports.plot``); each run's wall time (``DIR/timings.tsv``); and every run's
-command.
+over seeds with its 95 % Wilson interval (evaluation noise only); per seed each arm's paired difference against the
+baseline (and each contrast's: the first arm against the second), over the episodes paired per task where the runs
+recorded them (``RUN_DIR/eval_episodes.jsonl``, lightning_epo/callbacks/eval_episodes.py); over seeds, the mean paired
+difference with its 95 % Student t-interval (the seed is the unit of pairing), the smallest difference the seeds could
+detect at 80 % power, and Newcombe's interval of the pooled difference labelled as evaluation noise only
+(:mod:`lightning_epo.reports.paired`); the entropy of early and late turns and the share of mixed groups per RL step,
+overlaid per arm (``reports.plot``); each run's wall time (``DIR/timings.tsv``); and every run's command.
 """
 
 from __future__ import annotations

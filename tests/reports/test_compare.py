@@ -14,10 +14,10 @@ import yaml
 from lightning_epo.core.errors import UserError
 from lightning_epo.reports.compare import compare
 from lightning_epo.reports.comparison.plan import Plan, run_dir
-from lightning_epo.reports.comparison.report import paired_interval, status
+from lightning_epo.reports.comparison.report import report as report_of
+from lightning_epo.reports.comparison.report import status
 from lightning_epo.reports.comparison.runner import command, link_warm_start
 from lightning_epo.reports.run_history import load_run, wandb_records, wandb_run_files
-from lightning_epo.reports.summary import Evaluation
 
 SHRUNK = ["total_steps=2", "test_every=2", "val_at_start=false", "env.val_size=4", "env.max_turns=3",
           "data.episodes_per_step=8", "data.oversample=1", "rollout.max_new_tokens=8", "~callbacks.progress_bar",
@@ -55,15 +55,24 @@ def test_two_arms_two_seeds_share_each_seeds_warm_start_resume_a_stopped_run_and
         assert "warm start: reusing the policy" in logs[1]
     assert "| ppo_epo | algo=ppo_epo |" in report
     assert "## IID: paired differences (against ppo, then the plan's contrasts)" in report
-    paired = re.findall(r"\| (ppo_epo - ppo|ppo - ppo_epo) \| ([+-]\d\.\d{3}) \| ([+-]\d\.\d{3}) \| ([+-]\d\.\d{3}) "
-                        r"\[([+-]\d\.\d{3}), ([+-]\d\.\d{3})\] \|", report)
+    paired = paired_rows(report, "paired")
     assert len(paired) == 4, report  # IID and OOD: against the baseline, then the contrast (the same runs, reversed)
-    for against_baseline, contrast in (paired[:2], paired[2:]):  # per split
+    for split, (against_baseline, contrast) in zip(("iid", "ood"), (paired[:2], paired[2:])):
         assert against_baseline[0] == "ppo_epo - ppo" and contrast[0] == "ppo - ppo_epo"
-        assert [float(x) for x in against_baseline[1:4]] == pytest.approx([-float(x) for x in contrast[1:4]],
-                                                                           abs=1e-9)  # s0, s1, mean
-        low, high = (float(x) for x in against_baseline[4:])  # the interval mirrored, up to the bootstrap's own noise
-        assert [-high, -low] == pytest.approx([float(x) for x in contrast[4:]], abs=0.05)
+        finals = {arm: [load_run(run_dir(out, arm, seed)).history[f"val/{split}/success"][-1][1] for seed in (0, 1)]
+                  for arm in ("ppo", "ppo_epo")}  # the per-seed differences are the final rates' (4 paired episodes)
+        assert [float(x) for x in against_baseline[1:3]] == pytest.approx(
+            [a - b for a, b in zip(finals["ppo_epo"], finals["ppo"])], abs=5e-4)
+        numbers = [float(x) for x in against_baseline[1:]]  # s0, s1, mean, t-interval, detectable, evaluation noise
+        mirrored = [float(x) for x in contrast[1:]]
+        assert mirrored[:3] == pytest.approx([-x for x in numbers[:3]], abs=1e-9)
+        for low, high in ((3, 4), (6, 7)):  # both intervals mirrored exactly (no random draws)
+            assert [mirrored[low], mirrored[high]] == pytest.approx([-numbers[high], -numbers[low]], abs=1e-9)
+        assert mirrored[5] == numbers[5] and numbers[3] <= numbers[2] <= numbers[4]
+    for arm in ("ppo", "ppo_epo"):  # every final evaluation's episodes recorded, per split and place
+        for seed in (0, 1):
+            rows = (run_dir(out, arm, seed) / "eval_episodes.jsonl").read_text().splitlines()
+            assert len(rows) == 8 and all('"after_rl_steps": 2' in row for row in rows)
     assert "entropy_turns.png" in report
     early_table = report.split("### Early-turn entropy")[1].split("###")[0]
     for arm in ("ppo", "ppo_epo"):  # the figures' curves as numbers: each step's mean over the two seeds
@@ -101,6 +110,20 @@ def test_two_arms_two_seeds_share_each_seeds_warm_start_resume_a_stopped_run_and
     assert totals[0] == pytest.approx(totals[1], abs=0.051), totals  # the same four runs, not the other plan's 10 min
     assert "other_arm" not in second.read_text() and all(line in second.read_text() for line in commands)
 
+    # A run without per-episode records (made before them): the same per-seed differences and t-interval, from the
+    # rates, and the evaluation-noise interval of unpaired rates
+    (run_dir(out, "ppo", 0) / "eval_episodes.jsonl").unlink()
+    unpaired = paired_rows(report_of(plan, out), "unpaired")
+    assert [row[:6] for row in unpaired] == [row[:6] for row in paired]
+
+
+def paired_rows(report: str, kind: str) -> list[tuple[str, ...]]:
+    """The paired-differences rows of a 2-seed report: arm - other, s0, s1, mean, t-interval (low, high), smallest
+    detectable difference, evaluation-noise interval (low, high), its ``kind`` (paired, unpaired)."""
+    number = r"([+-]\d\.\d{3})"
+    return re.findall(rf"\| (ppo_epo - ppo|ppo - ppo_epo) \| {number} \| {number} \| {number} \| \[{number}, "
+                      rf"{number}\] \| (\d\.\d{{3}}) \| \[{number}, {number}\] {kind} \|", report)
+
 
 def test_arms_that_would_train_different_warm_starts_are_refused(tiny_model_path, tmp_path):
     plan_path = write_plan(tmp_path / "plan.yaml", tiny_model_path,
@@ -120,13 +143,3 @@ def test_a_contrast_of_arms_the_plan_lacks_is_refused(tiny_model_path, tmp_path)
                            contrasts=[("b", "c")])
     with pytest.raises(UserError, match=r"each contrast is a pair of the plan's arms \(a, b\); got \[\['b', 'c'\]\]"):
         Plan.read(plan_path)
-
-
-def test_the_paired_interval_holds_the_mean_difference_and_narrows_with_episodes():
-    base = [Evaluation(0.5, 100), Evaluation(0.6, 100), Evaluation(0.55, 100), Evaluation(0.5, 100)]
-    arm = [Evaluation(0.7, 100), Evaluation(0.75, 100), Evaluation(0.7, 100), Evaluation(0.72, 100)]
-    mean, low, high = paired_interval(arm, base)
-    assert mean == pytest.approx(0.18) and low < mean < high and low > 0
-    many = [Evaluation(f.success, 10_000) for f in arm], [Evaluation(f.success, 10_000) for f in base]
-    _, low_many, high_many = paired_interval(*many)
-    assert high_many - low_many < high - low

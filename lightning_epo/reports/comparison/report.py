@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from lightning_epo.core.errors import UserError
 from lightning_epo.reports.comparison.plan import LOG, TIMINGS, Plan, finished, last_checkpoint, run_dir
+from lightning_epo.reports.eval_episodes import final_outcomes, pair_outcomes
+from lightning_epo.reports.paired import POWER, Contrast, contrast_from_pairs, contrast_from_rates, format_interval
 from lightning_epo.reports.plot import mean_band, plot_loaded_runs
 from lightning_epo.reports.run_history import Run, load_run
 from lightning_epo.reports.summary import Evaluation, score_run
@@ -18,7 +18,6 @@ from lightning_epo.training.checkpoint_io import rl_steps_in
 SPLITS = ("iid", "ood")
 PER_STEP = {"entropy/early_turns": "Early-turn entropy (nat)", "entropy/late_turns": "Late-turn entropy (nat)",
             "train/mixed_groups": "Share of groups with mixed outcomes", "train/success": "Training success"}
-BOOTSTRAP_DRAWS = 10_000
 FINISHED = "finished"
 
 
@@ -47,16 +46,23 @@ def _wins(evaluation: Evaluation) -> int:
     return round(evaluation.success * evaluation.episodes)
 
 
-def paired_interval(arm: list[Evaluation], base: list[Evaluation], seed: int = 0) -> tuple[float, float, float]:
-    """The mean over seeds of ``arm[s].success - base[s].success`` and its 95 % two-level bootstrap interval (module
-    docstring): seeds drawn with replacement, then each drawn run's episodes redrawn, ``Binomial(n, p) / n``."""
-    rng = np.random.default_rng(seed)
-    a_rate, a_n = np.array([f.success for f in arm]), np.array([f.episodes for f in arm])
-    b_rate, b_n = np.array([f.success for f in base]), np.array([f.episodes for f in base])
-    picks = rng.integers(0, len(arm), size=(BOOTSTRAP_DRAWS, len(arm)))
-    drawn = rng.binomial(a_n[picks], a_rate[picks]) / a_n[picks] - rng.binomial(b_n[picks], b_rate[picks]) / b_n[picks]
-    low, high = np.percentile(drawn.mean(axis=1), [2.5, 97.5])
-    return float(np.mean(a_rate - b_rate)), float(low), float(high)
+def contrast(out: Path, plan: Plan, arm: str, other: str, split: str,
+             finals: dict[tuple[str, int, str], Evaluation]) -> Contrast:
+    """``arm - other`` over the plan's seeds (:mod:`lightning_epo.reports.paired`): paired per task where every run of
+    both arms recorded its final evaluation's episodes (``eval_episodes.jsonl``), else from the runs' rates."""
+    recorded = {(name, seed): final_outcomes(run_dir(out, name, seed), split)
+                for name in (arm, other) for seed in plan.seeds}
+    if any(outcomes is None for outcomes in recorded.values()):
+        return contrast_from_rates(*([(_wins(finals[name, seed, split]), finals[name, seed, split].episodes)
+                                      for seed in plan.seeds] for name in (arm, other)))
+    for (name, seed), outcomes in recorded.items():
+        won = sum(w for _, w in outcomes.values()) / len(outcomes)
+        if abs(won - finals[name, seed, split].success) > 1e-6:
+            raise UserError(f"{run_dir(out, name, seed)}: the last {split} evaluation of its eval_episodes.jsonl "
+                            f"({won:.4f}) is not its last logged val/{split}/success "
+                            f"({finals[name, seed, split].success:.4f})")
+    return contrast_from_pairs([pair_outcomes(recorded[arm, seed], recorded[other, seed],
+                                              f"{arm} - {other}, seed {seed}, {split}") for seed in plan.seeds])
 
 
 def run_state(out: Path, arm: str, seed: int) -> str:
@@ -112,6 +118,14 @@ def per_step_tables(runs: dict[str, list[Run]]) -> list[str]:
     return lines
 
 
+PAIRED_CAPTION = (
+    "Per seed: the arm's final success minus the other's (the same warm start; over the episodes paired per task where "
+    "the runs recorded them). Over seeds: the mean with its 95 % Student t-interval ({df} degrees of freedom), and the "
+    "smallest difference these seeds could detect with {power} power at the sd they showed (noncentral t). Evaluation "
+    "noise only: Newcombe's interval of the pooled difference (paired per task, or the rates taken as unpaired), which "
+    "holds the trained policies fixed: not an interval for another seed's training.")
+
+
 def report(plan: Plan, out: Path) -> str:
     """The report's markdown (module docstring); draws the figures into ``DIR/figures/<PLAN>``."""
     arms, baseline = list(plan.arms), next(iter(plan.arms))
@@ -120,7 +134,9 @@ def report(plan: Plan, out: Path) -> str:
               for arm in arms for seed, run in zip(plan.seeds, loaded[arm]) for split in SPLITS}
     lines = [f"# Comparison: experiment={plan.experiment}, seeds {plan.seeds}", "",
              f"Baseline: {baseline}. Common overrides: {' '.join(plan.common) or 'none'}.", "",
-             "## Final success per arm (pooled over seeds, 95 % Wilson interval)", "",
+             "## Final success per arm (pooled over seeds, 95 % Wilson interval: evaluation noise only)", "",
+             "The interval holds each trained policy fixed and redraws its episodes; how another seed would have "
+             "trained is the paired differences' t-interval below.", "",
              "| arm | overrides | " + " | ".join(f"{s.upper()} success" for s in SPLITS) + " |",
              "|---|---|" + "---|" * len(SPLITS)]
     for arm in arms:
@@ -132,13 +148,17 @@ def report(plan: Plan, out: Path) -> str:
     pairs = [(arm, baseline) for arm in arms[1:]] + plan.contrasts
     for split in SPLITS:
         lines += ["", f"## {split.upper()}: paired differences (against {baseline}, then the plan's contrasts)", "",
-                  "| arm - other | " + " | ".join(f"s{seed}" for seed in plan.seeds) + " | mean [95 % interval] |",
-                  "|---|" + "---|" * (len(plan.seeds) + 1)]
+                  PAIRED_CAPTION.format(df=len(plan.seeds) - 1, power=f"{POWER:.0%}"), "",
+                  "| arm - other | " + " | ".join(f"s{seed}" for seed in plan.seeds) + " | mean | 95 % t-interval "
+                  f"over seeds | smallest detectable ({POWER:.0%} power) | evaluation noise only (95 %) |",
+                  "|---|" + "---|" * (len(plan.seeds) + 4)]
         for arm, other in pairs:
-            runs, base = ([finals[name, seed, split] for seed in plan.seeds] for name in (arm, other))
-            mean, low, high = paired_interval(runs, base)
-            per_seed = " | ".join(f"{a.success - b.success:+.3f}" for a, b in zip(runs, base))
-            lines.append(f"| {arm} - {other} | {per_seed} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] |")
+            found = contrast(out, plan, arm, other, split, finals)
+            seeds = found.seeds
+            noise = f"{format_interval(*found.evaluation_noise)} {'paired' if found.paired else 'unpaired'}"
+            lines.append(f"| {arm} - {other} | " + " | ".join(f"{d:+.3f}" for d in seeds.differences)
+                         + f" | {seeds.mean:+.3f} | {format_interval(seeds.low, seeds.high)} | {seeds.detectable:.3f} "
+                         f"| {noise} |")
     figures = plot_loaded_runs([run for arm in arms for run in loaded[arm]], out / "figures" / plan.name)
     lines += ["", "## Figures (mean and ±1 std over seeds, per arm)", ""]
     lines += [f"- [{path.name}]({path.relative_to(out)})" for path in figures]
