@@ -18,3 +18,8 @@ VAL_METRICS = ("success", "reward", "turns", "invalid_action_rate", "format_erro
 # per evaluation, logged beside them: the episodes a split's val/<split>/success is a rate over, summed over ranks
 # (the 95 % interval of lightning_epo/reports/summary.py needs it)
 EVAL_EPISODES = "val/{split}/episodes"
+# per evaluation and split where the environment scores its episodes (ScienceWorld: env.scored), and per task where
+# the suite names a task subset (env.suite.task_subset); logged only for what had episodes (never NaN)
+VAL_SCORE = "val/{split}/score"          # mean score at the episode's end, 0-100; a failed task (-100) counts 0
+TASK_METRICS = ("success", "score")      # val/<split>/task/<task name>/<name>
+VAL_TASK = "val/{split}/task/{task}/{name}"

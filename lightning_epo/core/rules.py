@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,11 +17,11 @@ from omegaconf import MISSING
 
 @dataclass(frozen=True)
 class Rule:
-    """What a setting may hold: an integer, a number (int or float), a switch or one of named ``choices``; ``low`` /
-    ``high`` bound a number (``open_low`` / ``open_high``: strictly); ``optional``: null is allowed too; ``example``:
-    a valid value for the message."""
+    """What a setting may hold: an integer, a number (int or float), a switch, one of named ``choices`` or a non-empty
+    list of them (``names``); ``low`` / ``high`` bound a number (``open_low`` / ``open_high``: strictly);
+    ``optional``: null is allowed too; ``example``: a valid value for the message."""
 
-    kind: str  # "integer" | "number" | "bool" | "choice"
+    kind: str  # "integer" | "number" | "bool" | "choice" | "names"
     low: float | None = None
     high: float | None = None
     open_low: bool = False
@@ -42,6 +43,9 @@ class Rule:
             return isinstance(value, bool)
         if self.kind == "choice":
             return value in self.names()
+        if self.kind == "names":
+            return (isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0
+                    and all(v in self.names() for v in value))
         types = (int,) if self.kind == "integer" else (int, float)
         if not isinstance(value, types) or isinstance(value, bool) or value != value:  # NaN fails every bound
             return False
@@ -69,6 +73,13 @@ class Rule:
         """The one line that refuses ``value`` for ``key`` and names what it may be."""
         if self.kind == "choice":
             return f"{key}={value!r} is not valid; choose one of: {', '.join(self.names())}"
+        if self.kind == "names":
+            listed = list(value) if isinstance(value, Sequence) and not isinstance(value, str) else None
+            unknown = [v for v in listed if v not in self.names()] if listed else None
+            what = (f"names unknown {', '.join(map(str, unknown))}" if unknown else "is empty" if listed is not None
+                    else f"must be a list, got {value!r}")
+            return f"{key} {what}: give a list of names from: {', '.join(self.names())}" + (
+                " (or null for all)" if self.optional else "")
         return f"{key} must be {self.describe()}, got {value!r}"
 
 
@@ -86,6 +97,11 @@ def number(low: float | None = None, high: float | None = None, open_low: bool =
 def one_of(*choices: str) -> Rule:
     """One of the named ``choices``."""
     return Rule("choice", choices=choices)
+
+
+def names_of(registry: Any, optional: bool = False) -> Rule:
+    """A non-empty list of names in ``registry`` (anything with ``names()``), e.g. a suite's task subset."""
+    return Rule("names", registry=registry, optional=optional)
 
 
 def registered(registry: Any) -> Rule:

@@ -87,6 +87,20 @@ DEFAULT_VARIATIONS_PATH = Path(__file__).resolve().parents[2] / "data" / "sciwor
 _TASK_PREFIX = "Your task is to "
 
 
+class TaskNames:
+    """The 29 task names as the shipped variations file lists them (no JVM): what ``env.suite.task_subset`` may name
+    (its rule in lightning_epo/runtime/config.py, checked before the run begins)."""
+
+    def __init__(self, path: Path = DEFAULT_VARIATIONS_PATH) -> None:
+        self.path = path
+
+    def names(self) -> list[str]:
+        return list(json.loads(self.path.read_text()).get("tasks", {})) if self.path.is_file() else []
+
+
+TASK_NAMES = TaskNames()
+
+
 def scienceworld_version() -> str:
     """The installed ScienceWorld version; a one-line error naming the fix when it is missing."""
     try:
@@ -286,7 +300,9 @@ class SciWorldSuite(TaskSuite):
     """The ScienceWorld tasks by split (see the module docstring); plain kwargs, picklable, JVM-free.
 
     ``variations_path`` is the JSON list of variations (made with a JVM when missing or made by
-    another ScienceWorld version). The other arguments go to each :class:`SciWorldEnv`.
+    another ScienceWorld version). ``task_subset`` (``env.suite.task_subset``): task names that every split keeps
+    (null: all), checked here, at start, in one line naming the valid ones. The other arguments go to each
+    :class:`SciWorldEnv`.
     """
 
     def __init__(
@@ -297,6 +313,7 @@ class SciWorldSuite(TaskSuite):
         success_reward: float = 10.0,
         gold_path: bool = False,
         variations_path: str | None = None,
+        task_subset: list[str] | None = None,
     ) -> None:
         if split_level not in SPLIT_LEVELS:
             raise ConfigError(f"unknown env.suite.split_level {split_level!r}: use one of {', '.join(SPLIT_LEVELS)}")
@@ -309,6 +326,26 @@ class SciWorldSuite(TaskSuite):
         self.gold_path = gold_path
         self.variations_path = Path(variations_path) if variations_path else DEFAULT_VARIATIONS_PATH
         self._variations: dict[str, dict[str, list[int]]] | None = None
+        if isinstance(task_subset, str):
+            raise ConfigError(f"env.suite.task_subset must be a list of task names, got {task_subset!r}: write "
+                              f"env.suite.task_subset=[{task_subset}]")
+        self.task_subset = None if task_subset is None else [str(name) for name in task_subset]
+        if self.task_subset is not None:
+            self._check_subset(self.task_subset)
+
+    def _check_subset(self, subset: list[str]) -> None:
+        valid = list(self.variations())
+        unknown = [name for name in subset if name not in valid]
+        if unknown or not subset:
+            what = f"names no ScienceWorld task: {', '.join(unknown)}" if unknown else "is empty"
+            raise ConfigError(f"env.suite.task_subset {what}; give task names from: {', '.join(valid)} "
+                              "(or env.suite.task_subset=null for all 29)")
+        if self.split_level == "heldout" and not set(subset) & set(HELDOUT_TASKS):
+            raise ConfigError("env.suite.task_subset holds none of the held-out tasks (split_level=heldout tests on "
+                              f"them): add some of {', '.join(HELDOUT_TASKS)}, or set env.suite.split_level=standard")
+        if self.split_level == "heldout" and set(subset) <= set(HELDOUT_TASKS):
+            raise ConfigError("env.suite.task_subset holds only held-out tasks (split_level=heldout trains on the "
+                              "others): add tasks outside the held-out ten, or set env.suite.split_level=standard")
 
     def task_names(self, split: str) -> list[str]:
         """The task names of ``split`` in index order."""
@@ -319,7 +356,7 @@ class SciWorldSuite(TaskSuite):
                 "the ScienceWorld 'heldout' split needs env.suite.split_level=heldout "
                 "(or drop heldout from env.eval_splits)"
             )
-        names = list(self.variations())
+        names = [n for n in self.variations() if self.task_subset is None or n in self.task_subset]
         if self.split_level == "standard":
             return names
         if split == "heldout":

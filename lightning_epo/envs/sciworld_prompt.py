@@ -1,6 +1,20 @@
 """ScienceWorld's own prompt text: the EPO code base's ScienceWorld prompt (WujiangXu/EPO,
 ``agent_system/environments/prompts/sciworld.py``, with the available-actions text its environment wrapper writes),
-filled in by :class:`lightning_epo.rollout.prompts.PromptBuilder` (whose docstring lists the departures)."""
+filled in by :class:`lightning_epo.rollout.prompts.PromptBuilder` (whose docstring lists the departures).
+
+Two layouts of the same sentences (``env.prompt``, conf/env/sciworld.yaml):
+
+- ``fixed_first: true`` (the default here, a departure: docs/design.md): the text every prompt shares first (the
+  intro, the action list), then what is fixed for the episode (the task, its action templates and the example),
+  then what is new each turn (the history, the observation, the objects present) and the instruction. Everything
+  before the observation is then one prefix of every turn of an episode, and its first part one of every prompt,
+  which the engine's prefix cache and the update's shared-prefix pass compute once.
+- ``fixed_first: false``: the reference's order (intro, task, observation, action list, available actions).
+
+``action_list`` is the 25-action list's form: ``full`` (the reference's JSON list with descriptions), ``compact``
+(the action names with their descriptions on one line each, without the JSON) or ``none`` (no list: the task's
+templates line names the actions that exist).
+"""
 
 from __future__ import annotations
 
@@ -43,10 +57,16 @@ ACTION_DESCRIPTIONS = (
 ACTIONS = "Here are the actions you may take:\n[\n{}\n]".format(
     ",\n".join(json.dumps({"action": a, "description": d}) for a, d in ACTION_DESCRIPTIONS)
 )
+ACTIONS_COMPACT = "Here are the actions you may take:\n{}".format(
+    "\n".join(f"{a}: {d}" for a, d in ACTION_DESCRIPTIONS)
+)
+ACTION_LISTS = {"full": ACTIONS, "compact": ACTIONS_COMPACT, "none": None}
 # The environment lists the task's templates, then the objects line (lightning_epo/envs/sciworld.py).
 AVAILABLE = (
     "Current available actions:\nValid_actions: {templates}, {objects}\n example: <action>focus on door</action>"
 )
+# fixed_first: the templates (fixed at reset) before the observation, the objects line (new each step) after it.
+AVAILABLE_TEMPLATES = "Current available actions:\nValid_actions: {templates}\n example: <action>focus on door</action>"
 REASON = (
     "You should first reason step-by-step about the current situation. This reasoning process MUST be enclosed "
     "within <think> </think> tags.\nOnce you've finished your reasoning, you should choose an appropriate action "
@@ -69,12 +89,40 @@ def history_entries(history: list[tuple[str, str]], shown: int, step: int) -> st
     )
 
 
-def turn_text(task: str, situation: str, admissible_actions: list[str] | None, with_history: bool, think: bool) -> str:
+def check_layout(fixed_first: bool, action_list: str) -> None:
+    """``action_list`` is one of :data:`ACTION_LISTS`; the reference's order has its own list only."""
+    if action_list not in ACTION_LISTS:
+        raise ValueError(f"unknown ScienceWorld action_list {action_list!r}; valid: {', '.join(ACTION_LISTS)}")
+    if not fixed_first and action_list != "full":
+        raise ValueError("env.prompt.action_list other than full needs env.prompt.fixed_first=true (the reference's "
+                         "order keeps the reference's list)")
+
+
+def fixed_text(task: str, templates: list[str] | None, action_list: str = "full") -> str:
+    """With ``fixed_first``: the text before a turn's history and observation, the same at every turn of an episode
+    (its part up to the task, the same in every prompt). It ends on a word or a tag, not on the blank line that
+    follows it: a byte-level BPE splits a run of newlines by what comes after it, so the fixed text's tokens are a
+    prefix of every turn's only when the whitespace belongs to the turn's part."""
+    listed = ACTION_LISTS[action_list]
+    parts = [INTRO + ("\n" + listed if listed else ""), TASK.format(task=task)]
+    if templates is not None:
+        parts[-1] += "\n" + AVAILABLE_TEMPLATES.format(templates=templates)
+    return "\n\n".join(parts)
+
+
+def turn_text(task: str, situation: str, admissible_actions: list[str] | None, with_history: bool, think: bool,
+              fixed_first: bool = False, action_list: str = "full") -> str:
     """The user message around ``situation`` (the observation, with or without history); ``admissible_actions`` are
     the task's action templates followed by the environment's objects line (lightning_epo/envs/sciworld.py)."""
+    turn = "Now it's your turn to take an action." + (" " if with_history and think else "\n")
+    instruction = turn + (REASON if think else ACTION_ONLY)
+    if fixed_first:
+        templates, objects = (None, None) if admissible_actions is None else (admissible_actions[:-1],
+                                                                              admissible_actions[-1])
+        fresh = situation + ("\n" + objects if objects is not None else "")
+        return fixed_text(task, templates, action_list) + "\n\n" + fresh + "\n\n" + instruction
     parts = [INTRO + "\n" + TASK.format(task=task), situation + "\n" + ACTIONS]
     if admissible_actions is not None:
         *templates, objects = admissible_actions
         parts.append(AVAILABLE.format(templates=templates, objects=objects))
-    turn = "Now it's your turn to take an action." + (" " if with_history and think else "\n")
-    return "\n\n".join([*parts, turn + (REASON if think else ACTION_ONLY)])
+    return "\n\n".join([*parts, instruction])

@@ -17,6 +17,8 @@ The tiny model and the Qwen2.5 models load the same way; a hub id goes straight 
   e.g. ``+model.token='${oc.env:MY_HF_TOKEN}'``; kept out of saved configs, checkpoints and logs (secrets.py).
 - ``padding_side``: ``left`` (default, as generation needs) or ``right``.
 - ``lora``: LoRA adapters on the actor (and with ``lora.critic`` the critic's backbone), see lightning_epo/models/lora.py.
+- ``critic_layers``: the critic's backbone keeps the first N decoder layers of the model (null: all): a critic at
+  about N / num_hidden_layers of the cost of a whole one (docs/design.md, "A smaller critic").
 
 Weights load from safetensors only (``use_safetensors=True``).
 """
@@ -244,12 +246,26 @@ def load_critic(model_cfg: Mapping[str, Any]) -> ValueModel:
     """The PPO critic: a value head on its own ``AutoModel`` backbone, loaded from the same weights as the actor
     (with LoRA adapters on the backbone when ``model.lora.r`` is set and ``model.lora.critic`` is true)."""
     backbone = _from_pretrained("critic", AutoModel.from_pretrained, model_cfg, weights=True)
+    if model_cfg.get("critic_layers") is not None:
+        _keep_layers(backbone, int(model_cfg["critic_layers"]))
     lora = lora_settings(model_cfg)
     if lora is not None and lora["critic"]:
         backbone = add_lora(backbone, lora, task_type=None)
     critic = ValueModel(backbone)
     _enable_checkpointing(critic, model_cfg)
     return critic
+
+
+def _keep_layers(backbone: PreTrainedModel, layers: int) -> None:
+    """Keep the first ``layers`` decoder layers of ``backbone`` (its final norm stays: the value head reads the normed
+    hidden state of layer ``layers``, as a whole critic reads the last layer's)."""
+    if not 1 <= layers <= backbone.config.num_hidden_layers:
+        raise UserError(f"model.critic_layers={layers}: the model has {backbone.config.num_hidden_layers} decoder "
+                        "layers; give a number from 1 to that (or null for all)")
+    backbone.layers = backbone.layers[:layers]
+    backbone.config.num_hidden_layers = layers
+    if getattr(backbone.config, "layer_types", None):  # Qwen2's per-layer attention kinds
+        backbone.config.layer_types = backbone.config.layer_types[:layers]
 
 
 def uses_reference(model_cfg: Mapping[str, Any], kl_coef: float) -> bool:

@@ -159,7 +159,8 @@ class EpisodeCollector:
         started = []
         for (slot, index), result in zip(starts, results):
             task_text = result.info.get("task")
-            episode = Episode(traj_id=first_traj_id + index, group_id=group_ids[index], task=task_text or tasks[index].name)
+            episode = Episode(traj_id=first_traj_id + index, group_id=group_ids[index], task=task_text or tasks[index].name,
+                              task_name=tasks[index].name)
             if result.failed:
                 stats["env_failures"] += 1
                 episode.truncated = True
@@ -242,6 +243,8 @@ class EpisodeCollector:
         episode = run.episode
         episode.won = bool(run.info.get("won", False))
         episode.episode_return = sum(t.reward for t in episode.turns)
+        score = run.info.get("score")
+        episode.score = None if score is None else float(score)
         for turn in episode.turns:
             turn.won = episode.won
             turn.episode_return = episode.episode_return

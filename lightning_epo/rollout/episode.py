@@ -40,7 +40,11 @@ class TurnSample:
 
 @dataclass
 class Episode:
-    """All turns of one trajectory plus its summary."""
+    """All turns of one trajectory plus its summary.
+
+    ``task`` is the environment's task text, ``task_name`` the suite's name of the task (``Task.name``: per-task
+    metrics); ``score`` the environment's own score at the episode's end where it has one (ScienceWorld's 0-100,
+    negative when the task failed), else None."""
 
     traj_id: int
     group_id: int
@@ -49,6 +53,8 @@ class Episode:
     won: bool = False
     episode_return: float = 0.0
     truncated: bool = False  # ended by the turn limit or an environment failure, not by the task
+    task_name: str = ""
+    score: float | None = None
 
     @property
     def num_turns(self) -> int:

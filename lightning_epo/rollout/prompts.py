@@ -26,7 +26,12 @@ Departures from the reference prompts:
   an environment has no list (``None``);
 - ScienceWorld's task is the description without its leading "Your task is to " (the reference reads
   "Your current task is: Your task is to ..."), and its history entries carry their own step numbers
-  (the reference numbers the one entry of the second turn "Step 0").
+  (the reference numbers the one entry of the second turn "Step 0");
+- ScienceWorld's sentences are ordered fixed text first by default (``env.prompt.fixed_first``: the intro and the
+  action list, then the task and its templates, then the history, the observation and the objects present), so
+  that every turn of an episode begins with the same tokens (the engine's prefix cache, the update's shared-prefix
+  pass); ``fixed_first: false`` is the reference's order. ``env.prompt.action_list`` (``full``, the reference's;
+  ``compact``; ``none``) is the 25-action list's form (lightning_epo/envs/sciworld_prompt.py).
 """
 
 from __future__ import annotations
@@ -129,16 +134,24 @@ class PromptBuilder:
     """Builds the agent's chat prompt for one turn of one environment family.
 
     ``history_length`` is how many past (observation, action) pairs the prompt shows (the paper: 2);
-    with 0 every turn uses the first-step template.
+    with 0 every turn uses the first-step template. ``fixed_first`` and ``action_list``: ScienceWorld's layout
+    (lightning_epo/envs/sciworld_prompt.py; the other environments have the reference's only).
     """
 
-    def __init__(self, env_name: str, history_length: int = 2, think: bool = True) -> None:
+    def __init__(self, env_name: str, history_length: int = 2, think: bool = True, fixed_first: bool = False,
+                 action_list: str = "full") -> None:
         self.intro = env_intro(env_name)
         if history_length < 0:
             raise ValueError(f"history_length must be >= 0, got {history_length}")
+        if env_name == "sciworld":
+            sciworld_prompt.check_layout(fixed_first, action_list)
+        elif fixed_first or action_list != "full":
+            raise ValueError(f"fixed_first and action_list are ScienceWorld's prompt settings, not {env_name}'s")
         self.env_name = env_name
         self.history_length = history_length
         self.think = think
+        self.fixed_first = fixed_first
+        self.action_list = action_list
 
     @property
     def history_needed(self) -> int | None:
@@ -174,7 +187,8 @@ class PromptBuilder:
         else:
             situation = _FIRST_STEP.format(observation=observation)
         if self.env_name == "sciworld":
-            return sciworld_prompt.turn_text(task, situation, admissible_actions, bool(recent), self.think)
+            return sciworld_prompt.turn_text(task, situation, admissible_actions, bool(recent), self.think,
+                                             self.fixed_first, self.action_list)
         parts = [self.intro, _TASK.format(task=task), situation]
         if admissible_actions is not None:
             parts.append(_ADMISSIBLE.format(admissible_actions="\n ".join(f"'{a}'" for a in admissible_actions)))

@@ -33,10 +33,12 @@ from lightning_epo.core.rules import (
     TOP_P,
     Rule,
     integer,
+    names_of,
     number,
     one_of,
     rules_of,
 )
+from lightning_epo.envs.sciworld import TASK_NAMES
 from lightning_epo.models.loading import check_hub_access, load_tokenizer
 from lightning_epo.rollout.collector import fixed_prompt_tokens
 from lightning_epo.rollout.datamodule import TASK_ORDERS
@@ -67,6 +69,8 @@ RULES: dict[str, Rule] = {
     "env.suite.wall_density": number(0, 1, open_high=True), "env.suite.num_train_tasks": integer(),
     "env.suite.num_eval_tasks": integer(), "env.suite.success_reward": POSITIVE, "env.suite.cache_size": integer(),
     "env.suite.jvm_heap_mb": integer(256), "env.suite.gold_path": SWITCH,
+    "env.scored": SWITCH, "env.prompt.fixed_first": SWITCH, "env.prompt.action_list": one_of("full", "compact", "none"),
+    "env.suite.task_subset": names_of(TASK_NAMES, optional=True),
     # the env's sizes of experiment=quickstart (what its total_steps, test_every, ... read)
     "env.quickstart.total_steps": integer(), "env.quickstart.test_every": integer(),
     "env.quickstart.val_size": integer(optional=True), "env.quickstart.episodes_per_step": integer(),
@@ -81,6 +85,7 @@ RULES: dict[str, Rule] = {
     "model.tiny.seed": integer(0), "model.tiny.init_std": POSITIVE,
     "model.lora.r": integer(optional=True), "model.lora.alpha": POSITIVE,
     "model.lora.dropout": number(0, 1, open_high=True), "model.lora.critic": SWITCH,
+    "model.critic_layers": integer(optional=True),
     # rollout
     "rollout.max_new_tokens": integer(), "rollout.think": SWITCH, "rollout.expert_actions": SWITCH,
     "rollout.engine.batch_size": integer(), "rollout.engine.explore_prob": FRACTION,

@@ -6,7 +6,8 @@ differing key, where loading it would end in tens of lines of missing, unexpecte
 - the model's architecture as its ``config.json`` gives it (type, sizes, vocabulary), not its path: a moved copy of
   the model, or a warm start's exported policy, is the same model;
 - LoRA: ``model.lora.r``, and while it is set ``model.lora.target_modules`` and ``model.lora.critic``;
-- ``algo.critic`` (a critic and its optimizer state) and the frozen reference model (``algo.kl_coef > 0``, without
+- ``algo.critic`` (a critic and its optimizer state; with one, ``model.critic_layers`` where set) and the frozen
+  reference model (``algo.kl_coef > 0``, without
   LoRA, whose adapter-free base serves as the reference);
 - DeepSpeed's ZeRO stage (``trainer.strategy.stage``, null without DeepSpeed): a stage's checkpoint is a directory of
   shards in its own layout.
@@ -54,6 +55,8 @@ def state_settings(cfg: DictConfig) -> dict[str, object]:
             else targets
         settings["model.lora.critic"] = lora.critic
     settings["algo.critic"] = cfg.algo.critic
+    if cfg.algo.critic and cfg.model.get("critic_layers") is not None:  # absent before the key: a whole critic
+        settings["model.critic_layers"] = cfg.model.critic_layers
     settings["algo.kl_coef > 0"] = uses_reference(cfg.model, cfg.algo.kl_coef)
     strategy = cfg.trainer.get("strategy")
     deepspeed = isinstance(strategy, DictConfig) and strategy.get("_target_") == DEEPSPEED_FACTORY

@@ -75,10 +75,10 @@ class EPOModule(L.LightningModule):
     def __init__(
         self, model: DictConfig, algo: DictConfig, optim: DictConfig, total_steps: int, eval_splits: list[str],
         seed: int = 0, train_temperature: float = 1.0, edge_turns: int = 2, edge_tokens: int = 10, max_turns: int = 50,
-        state_settings: Mapping[str, Any] | None = None,
+        state_settings: Mapping[str, Any] | None = None, eval_tasks: list[str] | None = None, eval_score: bool = False,
     ) -> None:
         """``state_settings``: the run's settings that fix its checkpoint's state (lightning_epo/runtime/
-        state_settings.py), recorded in every checkpoint for a resume to compare (None: none recorded)."""
+        state_settings.py), recorded in every checkpoint for a resume to compare; ``eval_*``: EvalMetrics'."""
         super().__init__()
         # plain containers in the checkpoint (Lightning resumes with torch.load(weights_only=True)); the arguments
         # Lightning collects are kept scrubbed for the checkpoint and the loggers (the models load from ``model``)
@@ -97,7 +97,7 @@ class EPOModule(L.LightningModule):
         self.step_inputs = StepInputs()  # filled by the callbacks before each RL step (lightning_epo/training/step_io.py)
         self.step_report: StepReport | None = None  # published after each RL step, for the callbacks
         self.clock = StepClock(torch.device("cpu"))  # the running RL step's parts, timed by the module and callbacks
-        self.val_metrics = EvalMetrics(eval_splits)
+        self.val_metrics = EvalMetrics(eval_splits, None if eval_tasks is None else list(eval_tasks), eval_score)
 
     # ----------------------------------------------------------------- models and optimizer
     def configure_model(self) -> None:

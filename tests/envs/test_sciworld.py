@@ -66,6 +66,39 @@ def test_bad_arguments_fail_with_the_fix(compose_cfg):
         validate(compose_cfg("env=sciworld", "env.suite.jvm_heap_mb=64"))
 
 
+def test_a_task_subset_is_refused_before_the_run_begins_naming_the_valid_tasks(compose_cfg, monkeypatch):
+    """``env.suite.task_subset`` (the suite's ``tasks`` is its method): a name that is no task is one line at start,
+    before the run seeds itself, listing the 29; the suite made directly refuses it too."""
+    import lightning as L
+
+    from lightning_epo.runtime.run import run
+
+    monkeypatch.setattr(L, "seed_everything", lambda *a, **k: pytest.fail("the run began: refused too late"))
+    with pytest.raises(ConfigError, match=r"^env.suite.task_subset names unknown find-plants: give a list of names "
+                                          r"from: boil, .*, find-plant, .*test-conductivity-of-unknown-substances"):
+        run(compose_cfg("env=sciworld", "debug=fast", "env.suite.task_subset=[find-plant,find-plants]"))
+    with pytest.raises(ConfigError, match="env.suite.task_subset must be a list, got 'find-plant'"):
+        validate(compose_cfg("env=sciworld", "env.suite.task_subset=find-plant"))
+    validate(compose_cfg("env=sciworld", "env.suite.task_subset=[find-plant,boil]"))
+    with pytest.raises(ConfigError, match="names no ScienceWorld task: x; give task names from: boil, "):
+        SciWorldSuite(task_subset=["x"])
+    with pytest.raises(ConfigError, match=r"must be a list of task names.*env.suite.task_subset=\[find-plant\]"):
+        SciWorldSuite(task_subset="find-plant")
+    with pytest.raises(ConfigError, match="holds only held-out tasks"):
+        SciWorldSuite(split_level="heldout", task_subset=["find-plant"])
+    with pytest.raises(ConfigError, match="holds none of the held-out tasks"):
+        SciWorldSuite(split_level="heldout", task_subset=["boil"])
+
+
+def test_a_task_subset_keeps_its_tasks_in_every_split():
+    suite = SciWorldSuite(task_subset=["find-plant", "boil"])
+    for split in ("train", "iid", "ood"):
+        assert suite.task_names(split) == ["boil", "find-plant"]  # the simulator's order
+        assert {task.name for task in suite.tasks(split)} == {"boil", "find-plant"}
+    heldout = SciWorldSuite(split_level="heldout", task_subset=["find-plant", "boil"])
+    assert heldout.task_names("train") == ["boil"] and heldout.task_names("heldout") == ["find-plant"]
+
+
 def test_missing_java_names_the_fix_before_any_worker_starts(monkeypatch):
     monkeypatch.setattr(sciworld.shutil, "which", lambda name: None)
     monkeypatch.delenv("JAVA_HOME", raising=False)

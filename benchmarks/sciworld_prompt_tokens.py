@@ -1,0 +1,166 @@
+"""A ScienceWorld turn's prompt tokens, split into the part shared by every prompt, the part fixed for an episode and
+the part new at each turn, for each prompt layout (lightning_epo/envs/sciworld_prompt.py) and history length.
+
+    python benchmarks/sciworld_prompt_tokens.py [--tasks short|all|NAME ...] [--variations 1] [--sampled 1]
+        [--history 0 1 2]
+
+Episodes: each task's gold path (``SciWorldSuite``, easy simplification, gold paths on) on its first ``--variations``
+train variations, and ``--sampled`` paths of ``--sampled-steps`` random actions (a random template of the task filled
+with objects present) on the next ones. Every turn's prompt is built with ``PromptBuilder`` as the collector builds it (the history
+the collector keeps, ``think`` off as for SmolLM2) and tokenized with the model's chat template
+(``--model``, default SmolLM2-135M-Instruct: ``make smollm2``). For one layout and history length:
+
+- ``shared``: the longest token prefix common to every prompt of every episode (the chat template, the intro, ...);
+- ``fixed``: the longest token prefix common to the prompts of one episode, less ``shared`` (its mean over
+  episodes): computed once per episode by a prefix cache;
+- ``fresh``: the rest of a turn's prompt (mean and max over turns): what each turn computes anew.
+
+``total`` is the prompt's length before the collector's cut to ``model.max_prompt_tokens`` (2048 for SmolLM2), with
+the number of turns above that limit. The table also gives the gold path's length per task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import random
+import statistics
+import time
+from pathlib import Path
+
+from lightning_epo.envs.base import Task
+from lightning_epo.envs.sciworld import SciWorldEnv, SciWorldSuite
+from lightning_epo.models.loading import load_tokenizer
+from lightning_epo.rollout.prompts import PromptBuilder
+
+REPO = Path(__file__).resolve().parents[1]
+# the 9 tasks whose gold path (easy simplification) took at most 12 steps on one train variation; over more
+# variations chemistry-mix-paint-secondary-color takes up to 34 (--variations 40)
+SHORT_TASKS = [
+    "find-non-living-thing", "lifespan-longest-lived", "lifespan-shortest-lived",
+    "lifespan-longest-lived-then-shortest-lived", "chemistry-mix-paint-secondary-color", "find-animal",
+    "find-living-thing", "find-plant", "power-component",
+]
+LAYOUTS = {  # name -> PromptBuilder's (fixed_first, action_list)
+    "reference": (False, "full"),
+    "fixed_first/full": (True, "full"),
+    "fixed_first/compact": (True, "compact"),
+    "fixed_first/none": (True, "none"),
+}
+
+
+def sampled_action(info: dict, rng: random.Random) -> str:
+    """A random template of the task filled with objects present (what an untrained policy might write)."""
+    *templates, objects_line = info["admissible_actions"]
+    objects = ast.literal_eval(objects_line[objects_line.index("["):])
+    template = rng.choice(templates)
+    while "OBJ" in template or "LOC" in template:
+        slot = "OBJ" if "OBJ" in template else "LOC"
+        template = template.replace(slot, rng.choice(objects) if objects else "door", 1)
+    return template.replace("[on ", "on ").replace("]", "")
+
+
+def play(env: SciWorldEnv, task: Task, gold: bool, steps: int, rng: random.Random) -> list[tuple[str, dict, str]]:
+    """``(observation, info, action)`` of each turn: the gold path to its end (or ``steps``), or random actions."""
+    observation, info = env.reset(task)
+    turns = []
+    for _ in range(steps):
+        action = info.get("expert_action") if gold else sampled_action(info, rng)
+        if action is None:
+            break
+        turns.append((observation, info, action))
+        observation, _, done, info = env.step(action)
+        if done:
+            break
+    return turns
+
+
+def prompt_ids(builder: PromptBuilder, tokenizer, turns: list[tuple[str, dict, str]]) -> list[list[int]]:
+    """Each turn's prompt ids, with the history the collector keeps (rollout/collector.py ``_apply``)."""
+    history: list[tuple[str, str]] = []
+    prompts = []
+    for step, (observation, info, action) in enumerate(turns):
+        text = builder.text(info["task"], observation, info["admissible_actions"], history, step)
+        prompts.append(builder.token_ids(tokenizer, text))
+        history.append((observation, action))
+        if builder.history_needed is not None:
+            del history[: max(0, len(history) - builder.history_needed)]
+    return prompts
+
+
+def common_prefix(rows: list[list[int]]) -> int:
+    first, n = rows[0], min(len(r) for r in rows)
+    return next((i for i in range(n) if any(r[i] != first[i] for r in rows)), n)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", nargs="+", default=["short"], help="short (the 9), all (29) or task names")
+    parser.add_argument("--variations", type=int, default=1, help="gold paths per task (its first train variations)")
+    parser.add_argument("--sampled", type=int, default=1, help="sampled paths per task (second train variation)")
+    parser.add_argument("--sampled-steps", type=int, default=12)
+    parser.add_argument("--max-steps", type=int, default=200, help="gold paths are cut here")
+    parser.add_argument("--history", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--model", default=str(REPO / "data" / "smollm2-135m-instruct"))
+    parser.add_argument("--max-prompt-tokens", type=int, default=2048)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    suite = SciWorldSuite()
+    names = (SHORT_TASKS if args.tasks == ["short"] else list(suite.variations()) if args.tasks == ["all"]
+             else args.tasks)
+    tokenizer = load_tokenizer({"name_or_path": args.model})
+    rng = random.Random(args.seed)
+    env = SciWorldEnv(gold_path=True)
+    episodes: dict[str, list[list[tuple[str, dict, str]]]] = {"gold": [], "sampled": []}
+    gold_steps = {}
+    began = time.perf_counter()
+    try:
+        for name in names:
+            train = suite.variations()[name]["train"]
+            gold_steps[name] = []
+            for variation in train[: args.variations]:
+                gold = play(env, Task("train", name, variation), True, args.max_steps, rng)
+                gold_steps[name].append(len(gold))
+                episodes["gold"].append(gold)
+            for k in range(args.sampled):
+                variation = train[(args.variations + k) % len(train)]
+                episodes["sampled"].append(play(env, Task("train", name, variation), False, args.sampled_steps, rng))
+    finally:
+        env.close()
+    played = time.perf_counter() - began
+
+    print(f"model {args.model}; tasks: {len(names)}; episodes: {len(episodes['gold'])} gold, "
+          f"{len(episodes['sampled'])} sampled ({args.sampled_steps} random actions); played in {played:.0f} s\n")
+    print("gold path steps (min-max over the variations): " + ", ".join(
+        f"{n} {min(s)}-{max(s)}" if min(s) != max(s) else f"{n} {s[0]}" for n, s in gold_steps.items()))
+    answers = [len(tokenizer.encode(f"<action>{a}</action>", add_special_tokens=False)) + 1
+               for turns in episodes["gold"] for _, _, a in turns]
+    print(f"gold answers (<action>...</action> and the stop token): {statistics.mean(answers):.1f} tokens on average, "
+          f"{max(answers)} at most\n")
+    header = (f"| paths | layout | history | turns | total mean [min, max] | over {args.max_prompt_tokens} | shared | "
+              "fixed per episode (mean) | fresh per turn mean [max] |")
+    print(header)
+    print("|---" * 9 + "|")
+    for paths in ("gold", "sampled"):
+        for history in args.history:
+            for layout, (fixed_first, action_list) in LAYOUTS.items():
+                builder = PromptBuilder("sciworld", history_length=history, think=False, fixed_first=fixed_first,
+                                        action_list=action_list)
+                per_episode = [prompt_ids(builder, tokenizer, turns) for turns in episodes[paths] if turns]
+                if not per_episode:
+                    continue
+                every = [p for prompts in per_episode for p in prompts]
+                shared = common_prefix(every)
+                fixed = [common_prefix(prompts) - shared if len(prompts) > 1 else 0 for prompts in per_episode]
+                fresh = [len(p) - shared - f for prompts, f in zip(per_episode, fixed) for p in prompts
+                         if len(prompts) > 1]
+                lengths = [len(p) for p in every]
+                over = sum(n > args.max_prompt_tokens for n in lengths)
+                print(f"| {paths} | {layout} | {history} | {len(every)} | {statistics.mean(lengths):.0f} "
+                      f"[{min(lengths)}, {max(lengths)}] | {over} | {shared} | {statistics.mean(fixed):.0f} | "
+                      f"{statistics.mean(fresh):.0f} [{max(fresh)}] |")
+
+
+if __name__ == "__main__":
+    main()
