@@ -145,13 +145,19 @@ Pair = tuple[bool, bool]  # one task's outcome (won) in the arm and in the other
 
 @dataclass(frozen=True)
 class Contrast:
-    """One ``arm - other`` comparison: over seeds (:class:`SeedInterval`), and the pooled difference's interval from
-    evaluation noise only (Newcombe's, ``paired``: per task, from the episodes; else the rates as independent)."""
+    """One ``arm - other`` comparison: the per-seed ``differences``, their interval over seeds (:class:`SeedInterval`;
+    None from one seed: no spread to estimate, as in a pilot), and the pooled difference's interval from evaluation
+    noise only (Newcombe's, ``paired``: per task, from the episodes; else the rates as independent)."""
 
-    seeds: SeedInterval
+    differences: tuple[float, ...]
+    seeds: SeedInterval | None
     evaluation_noise: tuple[float, float]
     paired: bool
     episodes: int  # pooled over seeds: pairs (paired), else the arm's episodes
+
+
+def _over_seeds(differences: Sequence[float]) -> SeedInterval | None:
+    return seed_interval(differences) if len(differences) > 1 else None
 
 
 def contrast_from_pairs(pairs: Sequence[Sequence[Pair]]) -> Contrast:
@@ -160,8 +166,8 @@ def contrast_from_pairs(pairs: Sequence[Sequence[Pair]]) -> Contrast:
     differences = [sum(a - b for a, b in seed) / len(seed) for seed in pairs]
     flat = [pair for seed in pairs for pair in seed]
     table = [sum(1 for a, b in flat if (a, b) == cell) for cell in ((True, True), (True, False), (False, True))]
-    return Contrast(seed_interval(differences), newcombe_paired_interval(*table, len(flat) - sum(table)), True,
-                    len(flat))
+    return Contrast(tuple(differences), _over_seeds(differences),
+                    newcombe_paired_interval(*table, len(flat) - sum(table)), True, len(flat))
 
 
 def contrast_from_rates(arm: Sequence[tuple[int, int]], other: Sequence[tuple[int, int]]) -> Contrast:
@@ -170,7 +176,8 @@ def contrast_from_rates(arm: Sequence[tuple[int, int]], other: Sequence[tuple[in
     evaluations' correlation through shared tasks unknown, so wider than a paired one)."""
     differences = [a / n_a - b / n_b for (a, n_a), (b, n_b) in zip(arm, other, strict=True)]
     pooled = [(sum(w for w, _ in runs), sum(n for _, n in runs)) for runs in (arm, other)]
-    return Contrast(seed_interval(differences), newcombe_interval(*pooled[0], *pooled[1]), False, pooled[0][1])
+    return Contrast(tuple(differences), _over_seeds(differences), newcombe_interval(*pooled[0], *pooled[1]), False,
+                    pooled[0][1])
 
 
 def format_interval(low: float, high: float) -> str:
@@ -179,12 +186,12 @@ def format_interval(low: float, high: float) -> str:
 
 def describe(contrast: Contrast) -> list[str]:
     """The contrast in three lines (what the command line prints)."""
-    seeds = contrast.seeds
+    seeds, count = contrast.seeds, len(contrast.differences)
     noise = "per task, paired" if contrast.paired else "the rates as independent"
-    return [f"per seed: {' '.join(f'{d:+.3f}' for d in seeds.differences)}",
-            f"over seeds ({len(seeds.differences)}, t with {len(seeds.differences) - 1} df): {seeds.mean:+.3f} "
-            f"{format_interval(seeds.low, seeds.high)}, sd {seeds.sd:.3f}; smallest difference detectable at "
-            f"{POWER:.0%} power: {seeds.detectable:.3f}",
+    over = ("over seeds: one seed, no interval" if seeds is None else
+            f"over seeds ({count}, t with {count - 1} df): {seeds.mean:+.3f} {format_interval(seeds.low, seeds.high)}, "
+            f"sd {seeds.sd:.3f}; smallest difference detectable at {POWER * 100:.0f} % power: {seeds.detectable:.3f}")
+    return [f"per seed: {' '.join(f'{d:+.3f}' for d in contrast.differences)}", over,
             f"evaluation noise only ({contrast.episodes} episodes pooled, Newcombe, {noise}): "
             f"{format_interval(*contrast.evaluation_noise)}"]
 

@@ -100,11 +100,18 @@ def test_episodes_paired_per_task_give_the_rate_difference_and_a_narrower_evalua
                                                                               (70, 100)])
     for field in ("differences", "mean", "sd", "low", "high", "detectable"):  # the same differences and t-interval
         assert getattr(paired.seeds, field) == pytest.approx(getattr(rates.seeds, field), abs=1e-12)
-    assert paired.seeds.differences == pytest.approx((0.10, 0.10, 0.05, 0.10))
+    assert paired.differences == pytest.approx((0.10, 0.10, 0.05, 0.10))
     assert paired.paired and not rates.paired and paired.episodes == rates.episodes == 400
     paired_width = paired.evaluation_noise[1] - paired.evaluation_noise[0]
     unpaired_width = rates.evaluation_noise[1] - rates.evaluation_noise[0]
     assert paired_width < unpaired_width / 2  # pairs that agree on most tasks: the noise of a difference mostly cancels
+
+
+def test_one_seed_has_its_difference_and_no_interval_over_seeds():
+    pilot = contrast_from_rates([(30, 100)], [(45, 100)])
+    assert pilot.differences == pytest.approx((-0.15,)) and pilot.seeds is None
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        seed_interval([-0.15])
 
 
 def test_the_paired_newcombe_interval_is_the_independent_one_when_the_pairs_are_uncorrelated():

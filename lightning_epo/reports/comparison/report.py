@@ -148,17 +148,19 @@ def report(plan: Plan, out: Path) -> str:
     pairs = [(arm, baseline) for arm in arms[1:]] + plan.contrasts
     for split in SPLITS:
         lines += ["", f"## {split.upper()}: paired differences (against {baseline}, then the plan's contrasts)", "",
-                  PAIRED_CAPTION.format(df=len(plan.seeds) - 1, power=f"{POWER:.0%}"), "",
+                  PAIRED_CAPTION.format(df=len(plan.seeds) - 1, power=f"{POWER * 100:.0f} %"), "",
                   "| arm - other | " + " | ".join(f"s{seed}" for seed in plan.seeds) + " | mean | 95 % t-interval "
-                  f"over seeds | smallest detectable ({POWER:.0%} power) | evaluation noise only (95 %) |",
+                  f"over seeds | smallest detectable ({POWER * 100:.0f} % power) | evaluation noise only (95 %) |",
                   "|---|" + "---|" * (len(plan.seeds) + 4)]
         for arm, other in pairs:
             found = contrast(out, plan, arm, other, split, finals)
             seeds = found.seeds
+            over = ["n/a (one seed)"] * 2 if seeds is None else [format_interval(seeds.low, seeds.high),
+                                                                 f"{seeds.detectable:.3f}"]
             noise = f"{format_interval(*found.evaluation_noise)} {'paired' if found.paired else 'unpaired'}"
-            lines.append(f"| {arm} - {other} | " + " | ".join(f"{d:+.3f}" for d in seeds.differences)
-                         + f" | {seeds.mean:+.3f} | {format_interval(seeds.low, seeds.high)} | {seeds.detectable:.3f} "
-                         f"| {noise} |")
+            cells = [f"{d:+.3f}" for d in found.differences] + [f"{sum(found.differences) / len(plan.seeds):+.3f}",
+                                                                *over, noise]
+            lines.append(f"| {arm} - {other} | " + " | ".join(cells) + " |")
     figures = plot_loaded_runs([run for arm in arms for run in loaded[arm]], out / "figures" / plan.name)
     lines += ["", "## Figures (mean and ±1 std over seeds, per arm)", ""]
     lines += [f"- [{path.name}]({path.relative_to(out)})" for path in figures]

@@ -1,0 +1,91 @@
+"""The comparison report's paired analysis on planted run directories (no training): episodes paired per task, a
+planted difference found and a planted null not, runs that played other tasks refused, one seed (a pilot) without an
+interval over seeds."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from lightning_epo.core.errors import UserError
+from lightning_epo.reports.comparison.plan import Plan, run_dir
+from lightning_epo.reports.comparison.report import report
+
+TASKS = 20
+
+
+def plant_run(out, arm, seed, wins, tasks=None):
+    """A finished run's directory as the report reads it: its config, a csv history with the final evaluation of
+    both splits (``wins[split]``: which of the TASKS episodes won) and those episodes in eval_episodes.jsonl."""
+    directory = run_dir(out, arm, seed)
+    (directory / ".hydra").mkdir(parents=True)
+    (directory / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"algo": {"name": arm}, "env": {"name": "grid"},
+                                                                      "seed": seed}))
+    header = ["step", "train/success", "entropy/early_turns"] + [f"val/{s}/{m}" for s in ("iid", "ood")
+                                                                  for m in ("success", "episodes")]
+    rows = [[0, 0.5, 0.1, "", "", "", ""],
+            [1, 0.6, 0.2, *(x for s in ("iid", "ood") for x in (sum(wins[s]) / TASKS, TASKS))]]
+    (directory / "csv").mkdir()
+    (directory / "csv" / "metrics.csv").write_text("\n".join(",".join(map(str, r)) for r in [header, *rows]) + "\n")
+    lines = [{"mode": "train", "after_rl_steps": 2, "split": s, "place": i, "task": (tasks or {}).get(i, f"t{i}"),
+              "won": bool(w), "return": 10.0 * w, "turns": 3, "truncated": False}
+             for s in ("iid", "ood") for i, w in enumerate(wins[s])]
+    (directory / "eval_episodes.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def plan_of(tmp_path, seeds, arms=("base", "arm")):
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump({"experiment": "e", "seeds": seeds, "arms": {a: [f"x={a}"] for a in arms}},
+                                   sort_keys=False))
+    return Plan.read(path)
+
+
+def wins_of(count):
+    return [1] * count + [0] * (TASKS - count)
+
+
+def rows(text, split):
+    section = text.split(f"## {split.upper()}: paired differences")[1].split("\n## ")[0]
+    return [line for line in section.splitlines() if line.startswith("| arm - base |")]
+
+
+def test_a_planted_difference_is_found_and_a_planted_null_is_not(tmp_path):
+    out = tmp_path / "cmp"
+    plan = plan_of(tmp_path, [0, 1, 2, 3])
+    for seed, base in enumerate((8, 10, 6, 12)):  # IID: the arm wins 6-8 more of 20 at every seed; OOD: the same
+        plant_run(out, "base", seed, {"iid": wins_of(base), "ood": wins_of(base)})
+        plant_run(out, "arm", seed, {"iid": wins_of(base + 6 + seed % 2 * 2), "ood": wins_of(base)})
+    text = report(plan, out)
+    assert "95 % Wilson interval: evaluation noise only" in text
+    (iid,) = rows(text, "iid")
+    cells = [c.strip() for c in iid.strip("|").split("|")]
+    assert cells[1:6] == ["+0.300", "+0.400", "+0.300", "+0.400", "+0.350"]
+    low, high = map(float, re.findall(r"[+-]\d\.\d{3}", cells[6]))
+    assert 0 < low < 0.35 < high  # found: the t-interval over the 4 seeds excludes 0
+    assert cells[8].endswith("paired") and not cells[8].endswith("unpaired")
+    (ood,) = rows(text, "ood")
+    assert "| +0.000 | +0.000 | +0.000 | +0.000 | +0.000 | [+0.000, +0.000] | 0.000 |" in ood  # not found
+
+
+def test_runs_of_a_seed_that_played_other_tasks_are_refused(tmp_path):
+    out = tmp_path / "cmp"
+    plan = plan_of(tmp_path, [0, 1])
+    for seed in (0, 1):
+        plant_run(out, "base", seed, {"iid": wins_of(5), "ood": wins_of(5)})
+        plant_run(out, "arm", seed, {"iid": wins_of(5), "ood": wins_of(5)}, tasks={3: "another task"} if seed else None)
+    with pytest.raises(UserError, match=r"arm - base, seed 1, iid: the two runs' final evaluations did not play the "
+                                        r"same tasks \(places \[3\] differ\)"):
+        report(plan, out)
+
+
+def test_a_pilot_of_one_seed_has_its_differences_and_no_interval_over_seeds(tmp_path):
+    out = tmp_path / "cmp"
+    plan = plan_of(tmp_path, [9], arms=("base", "arm", "other"))
+    plant_run(out, "base", 9, {"iid": wins_of(10), "ood": wins_of(4)})
+    plant_run(out, "arm", 9, {"iid": wins_of(7), "ood": wins_of(4)})
+    plant_run(out, "other", 9, {"iid": wins_of(12), "ood": wins_of(5)})
+    (iid,) = rows(report(plan, out), "iid")
+    assert iid.startswith("| arm - base | -0.150 | -0.150 | n/a (one seed) | n/a (one seed) | [")
