@@ -207,9 +207,8 @@ class RolloutDataModule(L.LightningDataModule):
 
     def teardown(self, stage: str) -> None:
         """Close the environments and the engines, but not after an evaluation that ``fit`` follows
-        (``fit_follows``, set by the run for ``val_at_start``): fit reuses them. Besides the cost of a second start
-        (a vLLM engine, a pool of JVMs), vLLM's engine destroys the default process group as it shuts down (vLLM
-        0.32's ``EngineCore.shutdown``): in a distributed run that is the trainer's, and fit would hang on it."""
+        (``fit_follows``, set by the run for ``val_at_start``): fit reuses them rather than start them again (a vLLM
+        engine, a pool of JVMs)."""
         if stage == "validate" and self.fit_follows:
             return
         if self.pool is not None:
@@ -236,6 +235,7 @@ class RolloutDataModule(L.LightningDataModule):
             log.info("step %d: collecting %d episodes ...", step, len(tasks))
         start = time.perf_counter()
         self._bind_weights_once()
+        self.engine.before_collection()
         rollout = self.collector.collect(tasks, groups, self.train_sampling)
         self.engine.release_memory()  # the update needs the memory next
         wall_s = time.perf_counter() - start
@@ -259,6 +259,7 @@ class RolloutDataModule(L.LightningDataModule):
         if self._evaluation_weights is not None:
             self.val_engine.sync_weights(self._evaluation_weights)
             self._evaluation_weights = None
+        self.val_engine.before_collection()  # every rank, with or without episodes of this split (engine.py)
         progress = EvalProgress(split, len(tasks), self.sampler.step, self.eval_listeners if rank == 0 else [],
                                 log_every_s=30.0 if rank == 0 else float("inf"))
         with evaluation_seeded(self.seed, self.sampler.step, split, rank):

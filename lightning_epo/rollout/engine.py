@@ -65,6 +65,12 @@ class GenerationEngine(abc.ABC):
     def sync_weights(self, actor: torch.nn.Module) -> None:
         """Make the engine sample from ``actor``'s current weights (called after every update)."""
 
+    def before_collection(self) -> None:
+        """Get ready to generate; called on every rank at the start of each collection (a rollout, an evaluation
+        split), whatever the rank's share of its episodes. Work that other ranks must join (a vLLM engine pushing
+        the weights a sleep discarded: under ZeRO-3 the push gathers shards) happens here, never in ``generate``,
+        which a rank without episodes never calls. A no-op for engines that keep their weights."""
+
     def release_memory(self) -> None:
         """Give accelerator memory back between rollouts (vLLM sleeps); a no-op for colocated engines."""
 

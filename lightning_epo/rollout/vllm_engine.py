@@ -47,7 +47,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -109,6 +109,37 @@ def trainer_process_state_kept() -> Iterator[None]:
     finally:
         torch.set_num_threads = set_num_threads
         torch.set_num_threads(threads)
+
+
+def launcher_ranks_set() -> None:
+    """Set ``RANK`` and ``LOCAL_RANK`` where the launcher did not: vLLM's external launcher reads both from the
+    environment (``ExecutorWithExternalLauncher._distributed_args``); torchrun and DeepSpeed set them, Lightning's
+    own DDP launcher sets ``LOCAL_RANK`` only, a SLURM job neither. ``RANK`` is the rank in the trainer's process
+    group; ``LOCAL_RANK`` the device this rank's trainer uses (Lightning selects it before the engine starts) on
+    CUDA, else SLURM's local id, else the rank (one node)."""
+    rank = torch.distributed.get_rank()
+    os.environ.setdefault("RANK", str(rank))
+    if "LOCAL_RANK" not in os.environ:
+        local = torch.cuda.current_device() if torch.cuda.is_available() else os.environ.get("SLURM_LOCALID", rank)
+        os.environ["LOCAL_RANK"] = str(local)
+
+
+@contextmanager
+def default_group_kept() -> Iterator[None]:
+    """Keep the default process group (the trainer's) through a vLLM shutdown, which destroys it with a bare
+    ``torch.distributed.destroy_process_group()`` (vllm/distributed/parallel_state.py,
+    ``destroy_distributed_environment``); the groups vLLM made for itself, destroyed by name, still go."""
+    destroy = torch.distributed.destroy_process_group
+
+    def destroy_all_but_default(group: Any = None) -> None:
+        if group is not None and group is not torch.distributed.group.WORLD:
+            destroy(group)
+
+    torch.distributed.destroy_process_group = destroy_all_but_default
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group = destroy
 
 
 def engine_stop_ids(tokenizer: Any, source: str, extra: list[int] | None) -> list[int]:
@@ -215,6 +246,7 @@ class VLLMEngine(GenerationEngine):
         if distributed and torch.distributed.get_world_size() > 1:
             # one engine per trainer rank inside the trainer's process group (vLLM's torchrun-style executor)
             kwargs["distributed_executor_backend"] = "external_launcher"
+            launcher_ranks_set()
         kwargs.update(llm_kwargs or {})
         with trainer_process_state_kept():
             self.llm = self.vllm.LLM(**kwargs)
@@ -239,14 +271,19 @@ class VLLMEngine(GenerationEngine):
         self.weights_valid = True
         self.actor = actor
 
+    def before_collection(self) -> None:
+        """Push the last pushed actor again where a level-2 sleep discarded the weights (after a rollout or an
+        evaluation split): here, on every rank, since under ZeRO-3 the push gathers shards."""
+        if not self.weights_valid and self.actor is not None:
+            self.sync_weights(self.actor)
+
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams, infos: list[dict[str, Any]] | None = None
     ) -> list[Generation]:
         """Sample one response per prompt; ``infos`` is ignored (see :class:`GenerationEngine`)."""
         if not self.weights_valid:
-            if self.actor is None:
-                raise RuntimeError("VLLMEngine has no weights: call sync_weights(actor) first (the DataModule does)")
-            self.sync_weights(self.actor)  # a level-2 sleep since the last push (e.g. after a validation)
+            raise RuntimeError("VLLMEngine has no weights to sample from: call sync_weights(actor) and, after a "
+                               "sleep, before_collection() (the DataModule does both on every rank)")
         if not self.weights_awake:
             self.llm.wake_up(tags=["weights"])
             self.weights_awake = True
@@ -267,11 +304,12 @@ class VLLMEngine(GenerationEngine):
         return [to_generation(out.outputs[0]) for out in outputs]
 
     def close(self) -> None:
-        """Drop the engine. In a single-process run vLLM's start created the process group: it goes too, so a
-        later run in this process starts as the first did."""
-        self.llm = None
-        if self.owns_process_group and torch.distributed.is_initialized():
-            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-            cleanup_dist_env_and_memory()
-            self.owns_process_group = False
+        """Shut the engine down now, not whenever the garbage collector reaches it. vLLM's shutdown destroys the
+        default process group (``EngineCore.shutdown`` -> ``cleanup_dist_env_and_memory``): in a single-process run
+        that is the world of one vLLM's start created, which goes with it, so a later run in this process starts as
+        the first did; in a distributed run it is the trainer's, which stays (:func:`default_group_kept`)."""
+        if self.llm is None:
+            return
+        llm, self.llm = self.llm, None
+        with nullcontext() if self.owns_process_group else default_group_kept():
+            llm.llm_engine.engine_core.shutdown()

@@ -46,6 +46,9 @@ class BorrowedEngine(GenerationEngine):
     def sync_weights(self, actor: torch.nn.Module) -> None:
         self.engine.sync_weights(actor)
 
+    def before_collection(self) -> None:
+        self.engine.before_collection()
+
     def release_memory(self) -> None:
         self.engine.release_memory()
 

@@ -68,21 +68,26 @@ def rank_batches(rank: int, world: int, prefixed: bool = False) -> list[RolloutB
     return batches
 
 
-def train_fixed(cfg: DictConfig, world: int, strategy: Any = None, prefixed: bool = False) -> dict[str, Any]:
-    """Two RL steps on this rank's fixed batches (:func:`rank_batches`); returns the (full, gathered) parameters,
-    metrics and the entropy window. ``strategy``: Lightning's (default: ``ddp`` on several processes)."""
+def train_fixed(cfg: DictConfig, world: int, strategy: Any = None, prefixed: bool = False,
+                batches: list[RolloutBatch] | None = None, initial: dict[str, torch.Tensor] | None = None
+                ) -> dict[str, Any]:
+    """Two RL steps on this rank's fixed batches (:func:`rank_batches`, or ``batches``); returns the (full, gathered)
+    parameters, metrics and the entropy window. ``strategy``: Lightning's (default: ``ddp`` on several processes);
+    ``initial``: the module's parameters to start from (a recorded run's, :class:`RankRecorder`)."""
     rank = int(os.environ.get("RANK", 0))  # torchrun's; the process group starts inside fit
     L.seed_everything(0)
     module = hydra.utils.instantiate(cfg.module)
     window = EntropyWindow(cfg.algo.epo.window)
+    batches = batches or rank_batches(rank, world, prefixed)
     trainer = L.Trainer(
         accelerator="cpu", devices=world, strategy=strategy or ("ddp" if world > 1 else "auto"), max_epochs=1,
         logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_train_batches=2,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        limit_train_batches=len(batches),
         use_distributed_sampler=False,  # the batches are this rank's already
-        callbacks=[window, BetaSchedule(cfg.total_steps, cfg.algo.epo.beta)],
+        callbacks=[window, BetaSchedule(cfg.total_steps, cfg.algo.epo.beta),
+                   *([StartFrom(initial)] if initial is not None else [])],
     )
-    batches = rank_batches(rank, world, prefixed)
     trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None, collate_fn=lambda b: b))
     return {
         "params": dict(hf_weights(module)),
@@ -91,29 +96,69 @@ def train_fixed(cfg: DictConfig, world: int, strategy: Any = None, prefixed: boo
     }
 
 
-class RankRecorder(L.Callback):
-    """Saves, per rank, the entropy window, the H̄ handed to the module, the first prompt of every episode
-    this rank played, and the parameters, to ``out_dir/gridworld-rank<r>.pt``."""
+class StartFrom(L.Callback):
+    """Loads the module's parameters (a recorded run's, by name) when fit starts, before the first RL step."""
 
-    def __init__(self, out_dir: str) -> None:
-        self.out_dir = Path(out_dir)
+    def __init__(self, params: dict[str, torch.Tensor]) -> None:
+        self.params = params
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        with torch.no_grad():
+            for name, param in pl_module.named_parameters():
+                param.copy_(self.params[name])
+
+
+class RankRecorder(L.Callback):
+    """Saves, per rank, the entropy window, the H̄ handed to the module, the first prompt of every episode this rank
+    played, its episodes of every RL step, the parameters at fit's start and end, the number of episodes it played
+    of each evaluation split, and whether the process group still answers a collective once the DataModule closed
+    its engines (``group_after_close``: the all-ranks sum of ``rank + 1``, or the error), to
+    ``out_dir/<name>-rank<r>.pt``."""
+
+    def __init__(self, out_dir: str, name: str = "gridworld") -> None:
+        self.out_dir, self.name = Path(out_dir), name
         self.entropy_refs: list[float | None] = []
         self.first_prompts: list[list[list[int]]] = []
+        self.episodes: list[list[Any]] = []
+        self.evaluated: list[tuple[str, int]] = []
+        self.record: dict[str, Any] = {}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.record["initial_params"] = {n: p.detach().clone() for n, p in pl_module.named_parameters()}
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self.entropy_refs.append(pl_module.step_inputs.entropy_ref)
-        self.first_prompts.append([ep.turns[0].prompt_ids for ep in pl_module.step_report.rollout.episodes])
+        episodes = pl_module.step_report.rollout.episodes
+        self.first_prompts.append([ep.turns[0].prompt_ids for ep in episodes])
+        self.episodes.append(list(episodes))
+
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.evaluated.append((batch.split, len(batch.episodes)))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         (window,) = [c for c in trainer.callbacks if isinstance(c, EntropyWindow)]
-        record = {
+        self.record |= {
             "window": list(window.values),
             "entropy_refs": self.entropy_refs,
             "first_prompts": self.first_prompts,
+            "episodes": self.episodes,
+            "evaluated": self.evaluated,
             "params": {n: p.detach().clone() for n, p in pl_module.named_parameters()},
         }
-        torch.save(record, self.out_dir / f"gridworld-rank{trainer.global_rank}.pt")
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """After the DataModule's teardown (Lightning calls it first), which closed the engines."""
+        if stage != "fit":
+            return
+        try:
+            answer = torch.tensor(float(trainer.global_rank + 1))
+            torch.distributed.all_reduce(answer)
+            self.record["group_after_close"] = float(answer)
+        except (RuntimeError, ValueError) as error:  # a destroyed or uninitialised default group
+            self.record["group_after_close"] = repr(error)
+        torch.save(self.record, self.out_dir / f"{self.name}-rank{trainer.global_rank}.pt")
 
 
 def main(model_dir: str, out_dir: str) -> None:

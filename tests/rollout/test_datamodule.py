@@ -103,6 +103,9 @@ class RecordingEngine:
     def sync_weights(self, actor):
         self.calls.append("sync_weights")
 
+    def before_collection(self):
+        self.calls.append("before_collection")
+
     def release_memory(self):
         self.calls.append("release_memory")
 
@@ -123,8 +126,8 @@ def test_an_evaluation_engine_of_its_own_sleeps_and_gets_weights_only_to_evaluat
     datamodule.sync_weights(actor), datamodule.sync_weights(actor)  # after two updates
     assert trains.calls == ["sync_weights"] * 2 and evaluates.calls == ["release_memory"]
     datamodule.eval_batch("iid"), datamodule.eval_batch("ood")
-    assert evaluates.calls[:3] == ["release_memory", "sync_weights", "generate"]
-    assert evaluates.calls.count("sync_weights") == 1
+    assert evaluates.calls[:4] == ["release_memory", "sync_weights", "before_collection", "generate"]
+    assert evaluates.calls.count("sync_weights") == 1 and evaluates.calls.count("before_collection") == 2
     datamodule.teardown("fit")
 
 

@@ -19,6 +19,7 @@ from lightning_epo.core.errors import UserError
 from lightning_epo.models.weights import hf_weights
 from lightning_epo.rollout.engine import SamplingParams
 from lightning_epo.rollout.vllm_engine import VLLMEngine, to_generation
+from tests.rollout.fake_vllm import completion, fake_platform, fake_vllm_module
 
 
 @pytest.fixture(scope="module")
@@ -68,67 +69,11 @@ def test_zero3_shards_are_gathered_one_at_a_time_and_copied_while_gathered(monke
     assert [kind for kind, _ in events] == ["open", "close"] * 4
 
 
-class FakeWorker:
-    """vLLM's worker as ``collective_rpc`` hands it over: in-place reload of checkpoint-format weights."""
-
-    def __init__(self, loaded):
-        self.loaded = loaded
-        self.model_config = SimpleNamespace(hf_text_config=SimpleNamespace(tie_word_embeddings=False))
-
-    def reload_weights(self, weights_iterator, is_checkpoint_format):
-        assert is_checkpoint_format  # transformers naming, not vLLM's packed kernel layout
-        self.loaded.append([n for n, _ in weights_iterator])
-
-
-class FakeLLM:
-    """Records the engine's calls; ``collective_rpc`` runs the function on a fake worker."""
-
-    def __init__(self, **kwargs):
-        self.kwargs, self.calls, self.loaded = kwargs, [], []
-        self.worker = FakeWorker(self.loaded)
-
-    def sleep(self, level):
-        self.calls.append(f"sleep({level})")
-
-    def wake_up(self, tags):
-        self.calls.append(f"wake_up({','.join(tags)})")
-
-    def collective_rpc(self, method, args=()):
-        self.calls.append("load_weights")
-        method(self.worker, *args)
-
-    def reset_prefix_cache(self):
-        self.calls.append("reset_prefix_cache")
-
-    def generate(self, requests, sampling_params, use_tqdm):
-        self.calls.append("generate")
-        self.last_params = sampling_params
-        return [
-            SimpleNamespace(outputs=[completion([5, 7, 2], [-0.5, -1.5, -0.1], "stop")]) for _ in requests
-        ]
-
-
-def completion(token_ids, logprobs, finish_reason):
-    steps = [{t: SimpleNamespace(logprob=lp)} for t, lp in zip(token_ids, logprobs)]
-    return SimpleNamespace(token_ids=token_ids, logprobs=steps, finish_reason=finish_reason)
-
-
-def fake_platform(device_type):
-    return SimpleNamespace(
-        device_type=device_type,
-        is_cpu=lambda: device_type == "cpu",
-        is_sleep_mode_available=lambda: device_type == "cuda",
-    )
-
-
 @pytest.fixture
 def fake_vllm(monkeypatch):
     """A fake ``vllm`` module on a CUDA platform (``module.platforms.current_platform`` can be swapped)."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-    module = SimpleNamespace(
-        LLM=FakeLLM, SamplingParams=lambda **kw: SimpleNamespace(**kw), TokensPrompt=lambda **kw: dict(kw),
-        platforms=SimpleNamespace(current_platform=fake_platform("cuda")),
-    )
+    module = fake_vllm_module()
     monkeypatch.setattr(vllm_engine, "import_vllm", lambda: module)
     return module
 
@@ -190,18 +135,27 @@ def test_on_cpu_kv_blocks_are_small_enough_to_cache_a_shared_prompt_prefix(fake_
 
 
 def test_sleep_wake_push_reset_order_over_two_rl_steps(fake_vllm, tiny_model_path, tiny_actor):
+    """The DataModule's calls over two RL steps and an evaluation between them: a push after a level-2 sleep happens
+    in ``before_collection`` (every rank calls it), never inside ``generate`` (a rank without episodes never calls
+    it, and under ZeRO-3 a push is a collective)."""
     engine = make_engine(tiny_model_path, sleep_level=2)
     llm = engine.llm
     sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=3)
+    engine.before_collection()  # nothing pushed yet: nothing to push again
     with pytest.raises(RuntimeError, match="call sync_weights"):
         engine.generate([[1, 2]], sampling)
     engine.sync_weights(tiny_actor)  # fit start
-    engine.generate([[1, 2]], sampling)  # rollout k = 0
+    engine.before_collection()  # rollout k = 0: the weights are valid
+    engine.generate([[1, 2]], sampling)
     engine.release_memory()  # the update needs the memory
     engine.sync_weights(tiny_actor)  # after the update
-    engine.generate([[1, 2]], sampling)  # validation
+    engine.before_collection()  # evaluation split 1
+    engine.generate([[1, 2]], sampling)
     engine.release_memory()  # level 2 discards the weights ...
-    engine.generate([[1, 2]], sampling)  # ... so rollout k = 1 pushes the actor again
+    with pytest.raises(RuntimeError, match="before_collection"):  # ... which generate never pushes itself
+        engine.generate([[1, 2]], sampling)
+    engine.before_collection()  # ... so rollout k = 1 pushes the actor again, at its start
+    engine.generate([[1, 2]], sampling)
     engine.generate([[1, 2]], sampling)  # the next turn: no wake-up
     push = ["wake_up(weights)", "load_weights", "reset_prefix_cache"]  # weights only: the KV cache stays freed
     assert llm.calls == [
