@@ -64,6 +64,11 @@ def test_eval_mode_samples_from_the_checkpointed_actor(compose_cfg, tmp_path):
     written = json.loads((tmp_path / "run" / "eval.json").read_text())
     assert written == metrics and {"val/iid/success", "val/ood/success", "val/iid/turns"} <= written.keys()
     assert (tmp_path / "run" / "csv" / "metrics.csv").read_text() == history  # the run's history is left as it was
+    rows = [json.loads(line) for line in (tmp_path / "run" / "eval_episodes.jsonl").read_text().splitlines()]
+    for split in ("iid", "ood"):  # each episode of the evaluation, marked mode=eval (the training's are mode=train)
+        won = [row["won"] for row in rows if row["mode"] == "eval" and row["split"] == split]
+        assert len(won) == written[f"val/{split}/episodes"]
+        assert sum(won) / len(won) == pytest.approx(written[f"val/{split}/success"])
 
 
 def test_val_at_start_logs_the_starting_level_at_step_0(compose_cfg, tmp_path):
