@@ -36,7 +36,7 @@ def test_a_rank_without_episodes_of_a_split_joins_every_push(tiny_model_path, tm
     # fit's start; after each of the 2 updates; after a sleep, at the start of rollout 1 and of each second split
     assert rank0.count("load_weights") == 6
     both = list(zip(collections(rank0), collections(rank1)))
-    assert len(both) == 7 and both[-1] == ([], [])  # 2 rollouts, 2 evaluations of 2 splits, nothing after the last
+    assert len(both) == 7 and both[-1] == (["shutdown"], ["shutdown"])  # 2 rollouts, 2 evaluations of 2 splits, close
     # the evaluation splits: rank 0 plays their one episode, rank 1 none, and each began with a push both made
     alone = [(c0, c1) for c0, c1 in both if "generate" in c0 and "generate" not in c1]
     assert len(alone) == 4 and all("load_weights" in c0 and "load_weights" in c1 for c0, c1 in alone)
