@@ -94,6 +94,7 @@ RULES: dict[str, Rule] = {
     "rollout.engine.block_size": integer(optional=True),
     "rollout.engine.sleep_level": integer(1, 2), "rollout.engine.enable_sleep_mode": SWITCH,
     "rollout.engine.enable_prefix_caching": SWITCH,
+    "rollout.fallback.engine.batch_size": integer(), "rollout.fallback.expert_actions": SWITCH,  # rollout=vllm_or_hf
     # optimisation
     "optim.actor_lr": number(0, example="3e-4; 0 freezes the actor"), "optim.critic_lr": NON_NEGATIVE,
     "optim.warmup_ratio": number(0, 1, open_high=True), "optim.min_lr_ratio": FRACTION,

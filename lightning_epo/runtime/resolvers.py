@@ -36,9 +36,17 @@ def if_bf16(precision: str, if_bf16: str, otherwise: str) -> str:
     return if_bf16 if "bf16" in str(precision) else otherwise
 
 
+def if_file(path: str, if_there: str, otherwise: str) -> str:
+    """``${if_file:PATH,A,B}``: ``A`` where the file ``PATH`` (relative: from the repository root) exists, else ``B``:
+    e.g. a recipe named with the step that builds its model (``make smollm2``) where it is not built yet."""
+    file = Path(path) if Path(path).is_absolute() else Path(__file__).resolve().parents[2] / path
+    return if_there if file.is_file() else otherwise
+
+
 def register_resolvers() -> None:
-    """Register ``${run_id:DIR}``, ``${run_config:}``, ``${native_bf16:A,B}`` and ``${if_bf16:P,A,B}`` (idempotent)."""
+    """Register ``${run_id:DIR}``, ``${run_config:}``, ``${native_bf16:A,B}``, ``${if_bf16:P,A,B}`` and
+    ``${if_file:PATH,A,B}`` (idempotent)."""
     for name, resolver in (("run_id", run_id), ("run_config", run_config), ("native_bf16", native_bf16),
-                           ("if_bf16", if_bf16)):
+                           ("if_bf16", if_bf16), ("if_file", if_file)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)

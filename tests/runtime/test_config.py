@@ -80,7 +80,7 @@ def _numbers_and_switches(node: object, prefix: str = "") -> dict[str, object]:
     "choice",
     ["experiment=quickstart", "algo=ppo_epo", "algo=grpo_epo", "algo=gigpo_epo", "algo=ppo_ea", "algo=sft",
      "env=sciworld", "env=alfworld", "rollout=vllm", "rollout=expert", "model=qwen2.5-7b", "trainer=deepspeed_stage_3",
-     "experiment=gridworld_learn", "experiment=paper_sciworld_ppo_epo"],
+     "experiment=gridworld_learn", "experiment=paper_sciworld_ppo_epo", "experiment=smollm2_sciworld"],
 )
 def test_every_number_and_switch_of_the_configs_has_a_rule_that_accepts_the_shipped_value(compose_cfg, choice):
     cfg = compose_cfg(choice)
