@@ -102,7 +102,8 @@ def test_unknown_warm_start_experiment_is_one_line(compose_cfg):
         run(compose_cfg(*FAST, "experiment=gridworld_learn", "warm_start.experiment=nope"), overrides=[])
 
 
-@pytest.mark.parametrize("experiment", ["gridworld_learn", "smollm2_gridworld", "smollm2_alfworld"])
+@pytest.mark.parametrize("experiment", ["gridworld_learn", "smollm2_gridworld", "smollm2_alfworld",
+                                        "smollm2_sciworld"])
 def test_the_stage_logs_where_the_run_logs(compose_cfg, experiment, tmp_path):
     """``logger=csv`` on the command line reaches the warm start too: its stage used to log to wandb (offline without
     a key) while the run the user started wrote csv."""
@@ -123,7 +124,8 @@ def test_float32_on_the_command_line_holds_for_the_smollm2_recipes_warm_start_to
     assert (stage.trainer.precision, stage.model.attn_implementation) == ("bf16-mixed", "eager")
 
 
-@pytest.mark.parametrize("experiment", ["gridworld_learn", "smollm2_gridworld", "smollm2_alfworld"])
+@pytest.mark.parametrize("experiment", ["gridworld_learn", "smollm2_gridworld", "smollm2_alfworld",
+                                        "smollm2_sciworld"])
 def test_the_stage_trains_on_the_prompts_the_run_plays(compose_cfg, experiment, tmp_path):
     """The warm start's prompts are the RL stage's (environment, history window, think instruction): an experiment
     that shortens its prompts must shorten its stage's too, or RL starts from a policy trained on other prompts."""

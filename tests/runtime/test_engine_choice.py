@@ -48,7 +48,7 @@ def test_an_explicit_rollout_vllm_does_not_fall_back(compose_cfg, monkeypatch):
         check_machine(cfg)
 
 
-@pytest.mark.parametrize("experiment", ["smollm2_gridworld", "smollm2_alfworld"])
+@pytest.mark.parametrize("experiment", ["smollm2_gridworld", "smollm2_alfworld", "smollm2_sciworld"])
 def test_the_real_model_recipes_take_vllm_where_it_is_installed(compose_cfg, experiment, monkeypatch):
     for installed, target in ((True, VLLM_ENGINE), (False, HF_ENGINE)):
         monkeypatch.setattr(engine_choice, "vllm_installed", lambda installed=installed: installed)
