@@ -6,16 +6,20 @@ memory:
 - ``trainer=gpu`` (bf16-mixed): the tiny model, with ``model.lora.r=8``, and
   SmolLM2-135M-Instruct where its files exist (``make smollm2``);
 - ``rollout=vllm`` (with ``.venv-vllm``'s Python) and vLLM's log-probs after a weight push against the trainer's
-  (benchmarks/vllm_logprob_check.py at bfloat16: mean |difference| <= 2e-2, 99th percentile <= 0.2);
-- DeepSpeed ZeRO-2 and ZeRO-3 on one GPU, and with two or more GPUs DDP, ZeRO-2 and ZeRO-3 on two;
+  (benchmarks/vllm_logprob_check.py at bfloat16: mean |difference| <= 2e-2, 99th percentile <= 0.2); vLLM is
+  required: without ``.venv-vllm``, or where vLLM does not import, the check stops at once with one line;
+- DeepSpeed ZeRO-2 and ZeRO-3 on one GPU, and with two or more GPUs DDP, ZeRO-2 and ZeRO-3 on two, and DDP and
+  ZeRO-3 with a vLLM engine per rank, evaluated on fewer tasks than ranks (a rank with no episode still joins every
+  weight push);
 - Qwen2.5-1.5B's shape (its config.json in data/model_shapes, random weights drawn on the GPU:
   lightning_epo/models/shaped.py) as a user of a real model runs it: GRPO+EPO, bf16, LoRA r 32, gradient
   checkpointing, the hf engine, rows as long as the prompt and answer caps (the random model answers to the cap,
   the prompt cap is just above the prompt's fixed text). Its step's parts, the update's share of the bf16 matmul
   peak, and its peak memory against the doctor's estimate for the same configuration: more than 20 % off fails.
 
-A case whose piece is not installed here is reported ``missing`` with what installs it, never as passed. Exits 1
-when a case fails or nothing can run (no CUDA device: one line saying so).
+A case whose piece is not installed here is reported ``missing`` with what installs it, never as passed. A case
+runs under its own limit, cut to what is left of the check's budget (:data:`CHECK_BUDGET_S`); a case the budget
+cannot start fails. Exits 1 when a case fails or nothing can run (no CUDA device, no vLLM: one line saying so).
 """
 
 from __future__ import annotations
@@ -40,6 +44,13 @@ VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 SMOLLM2 = REPO / "data" / "smollm2-135m-instruct"
 TWO_STEPS = ("~experiment", "debug=fast", "logger=csv", "~callbacks.progress_bar", "test_every=1000", "model=tiny")
 CASE_TIMEOUT_S = 150
+# A vLLM engine's first start on a machine compiles the model (torch.compile) and captures CUDA graphs: minutes, and
+# the check runs on fresh machines. Its cases get this much more.
+VLLM_STARTUP_S = 300
+CHECK_BUDGET_S = 40 * 60  # the whole check, all cases (one GPU: about 10 minutes when warm)
+# Two RL steps, then an evaluation of one episode a split: on two ranks, one of them plays none
+EVALUATED_ON_FEWER_TASKS_THAN_RANKS = (*(o for o in TWO_STEPS if not o.startswith("test_every=")), "test_every=2",
+                                       "env.val_size=1")
 # A real model's case: GRPO+EPO with LoRA on a bf16 base (as experiment=alfworld_1gpu); 3 turns of 192-token prompts
 # (the fixed text is 143 tokens) and 128-token answers fill whole 4096-token micro-batches.
 QWEN_1_5B = ("model=qwen2.5-1.5b", "algo=grpo_epo", "model.lora.r=32", "model.lora.alpha=64",
@@ -89,9 +100,10 @@ def cases(gpus: int, trainer: str = "trainer=gpu") -> list[Case]:
         Case("tiny, LoRA r=8", (*single, "model.lora.r=8")),
         Case("SmolLM2-135M", (*single, "model=smollm2-135m"), missing=smollm2),
         Case("SmolLM2-135M, LoRA r=8", (*single, "model=smollm2-135m", "model.lora.r=8"), missing=smollm2),
-        Case("tiny, rollout=vllm", (*single, "rollout=vllm"), python=vllm or "", missing=no_vllm),
+        Case("tiny, rollout=vllm", (*single, "rollout=vllm"), python=vllm or "", missing=no_vllm,
+             timeout_s=CASE_TIMEOUT_S + VLLM_STARTUP_S),
         Case("vLLM log-probs (bf16)", command=("benchmarks/vllm_logprob_check.py", "--dtype", "bfloat16"),
-             python=vllm or "", missing=no_vllm),
+             python=vllm or "", missing=no_vllm, timeout_s=CASE_TIMEOUT_S + VLLM_STARTUP_S),
         Case("Qwen2.5-1.5B (random weights), LoRA r=32", (*single, *QWEN_1_5B), shape=SHAPES / "qwen2.5-1.5b-instruct",
              timeout_s=300),
     ]
@@ -103,6 +115,11 @@ def cases(gpus: int, trainer: str = "trainer=gpu") -> list[Case]:
         for stage in (2, 3):
             found.append(Case(f"tiny, ZeRO-{stage}, 2 GPUs", (*single, f"trainer=deepspeed_stage_{stage}",
                                                               "trainer.devices=2"), missing=no_deepspeed))
+        evaluated = (*EVALUATED_ON_FEWER_TASKS_THAN_RANKS, trainer, "rollout=vllm", "trainer.devices=2")
+        found.append(Case("tiny, DDP + vLLM, 2 GPUs", (*evaluated, "trainer=ddp"), python=vllm or "",
+                          missing=no_vllm, timeout_s=CASE_TIMEOUT_S + VLLM_STARTUP_S))
+        found.append(Case("tiny, ZeRO-3 + vLLM, 2 GPUs", (*evaluated, "trainer=deepspeed_stage_3"), python=vllm or "",
+                          missing=no_vllm or no_deepspeed, timeout_s=CASE_TIMEOUT_S + VLLM_STARTUP_S))
     return found
 
 
@@ -154,18 +171,34 @@ def error_line(output: str) -> str:
     return next((line for line in reversed(lines) if ERROR_LINE.match(line)), lines[-1])
 
 
-def run_case(case: Case, out: Path) -> Result:
+def vllm_problem(python: str | None) -> str | None:
+    """Why vLLM cannot run here (one line naming the fix), or None: ``python`` is the Python that has vLLM
+    (:func:`vllm_python`)."""
+    if python is None:
+        return "gpu-check: vLLM is not installed (no .venv-vllm): run `make setup-vllm`, then `make gpu-check` again"
+    done = subprocess.run([python, "-c", "import vllm"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        return f"gpu-check: vLLM does not import in {python}: {error_line(done.stdout + done.stderr)[:200]} " \
+               "(rebuild it: rm -r .venv-vllm && make setup-vllm)"
+    return None
+
+
+def run_case(case: Case, out: Path, budget_s: float = float("inf")) -> Result:
+    """Run ``case`` under its limit or, when less is left, ``budget_s``."""
     if case.missing:
         return Result(case, "missing", note=case.missing)
+    if budget_s < 1:
+        return Result(case, "FAILED", note=f"not run: the check's {CHECK_BUDGET_S} s budget was spent")
+    timeout_s = min(case.timeout_s, budget_s)
     run_dir = out / "".join(c if c.isalnum() else "-" for c in case.name.lower())
     model = shaped_model(case.shape, out) if case.shape else None
     overrides = [*case.overrides, *([f"model.name_or_path={model}"] if model else []), f"hydra.run.dir={run_dir}"]
     command = [case.python, *case.command] if case.command else [case.python, "train.py", *overrides]
     start = time.perf_counter()
     try:
-        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=case.timeout_s)
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return Result(case, "FAILED", case.timeout_s, note=f"still running after {case.timeout_s} s")
+        return Result(case, "FAILED", timeout_s, note=f"still running after {timeout_s:.0f} s")
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         why = error_line(done.stdout + done.stderr)[:150]
@@ -200,13 +233,17 @@ def main(argv: list[str]) -> int:
         print("gpu-check: no CUDA device is visible on this machine (torch.cuda.is_available() is False): run it on a "
               "GPU machine; `python -m lightning_epo.doctor` checks this one")
         return 1
+    problem = vllm_problem(vllm_python())
+    if problem is not None:
+        print(problem)
+        return 1
     gpus = torch.cuda.device_count()
     print(f"gpu-check: {gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}")
-    results = []
+    results, end = [], time.monotonic() + CHECK_BUDGET_S
     for case in cases(gpus):
         if args.cases and not any(text.lower() in case.name.lower() for text in args.cases):
             continue
-        results.append(run_case(case, Path(args.out)))
+        results.append(run_case(case, Path(args.out), budget_s=end - time.monotonic()))
         print(f"{results[-1].status:<7} {case.name} {results[-1].note}", flush=True)
     print(table(results))
     return 1 if any(r.status == "FAILED" for r in results) else 0

@@ -30,6 +30,62 @@ def test_without_cuda_it_says_so_in_one_line_and_fails():
 
 
 @pytest.fixture
+def cuda_machine(monkeypatch):
+    """``gpu-check``'s view of a machine with one CUDA GPU (nothing runs on it: the tests stop before any case)."""
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check.torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda index: "a GPU")
+    monkeypatch.setattr(gpu_check, "run_case", lambda *a, **k: pytest.fail("a case ran"))
+
+
+def test_on_a_cuda_machine_without_vllm_it_names_make_setup_vllm_and_fails(cuda_machine, monkeypatch, tmp_path, capsys):
+    """No vLLM in this Python and no .venv-vllm: one line, exit 1, before any case (its vLLM rows would only say
+    "missing", and the check pass)."""
+    find_spec = gpu_check.importlib.util.find_spec
+    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else
+                        find_spec(name, *a))
+    monkeypatch.setattr(gpu_check, "VLLM_PYTHON", tmp_path / "no-python")
+    assert gpu_check.main([]) == 1
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    assert "vLLM is not installed" in line and "make setup-vllm" in line
+
+
+def test_on_a_cuda_machine_where_vllm_does_not_import_it_says_so_and_fails(cuda_machine, monkeypatch, tmp_path, capsys):
+    python = tmp_path / "python"  # a .venv-vllm whose vLLM is broken
+    python.write_text("#!/bin/sh\necho 'ImportError: libcudart.so.13: cannot open shared object file' >&2\nexit 1\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(gpu_check, "vllm_python", lambda: str(python))
+    assert gpu_check.main([]) == 1
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    assert "vLLM does not import" in line and "libcudart.so.13" in line and "make setup-vllm" in line
+
+
+def test_vllm_cases_get_a_start_up_limit_within_the_checks_budget(monkeypatch):
+    """A cold vLLM start (torch.compile, CUDA graphs) gets its own allowance; with 2 GPUs DDP and ZeRO-3 run with a
+    vLLM engine per rank and evaluate fewer tasks than ranks."""
+    monkeypatch.setattr(gpu_check, "vllm_python", lambda: sys.executable)
+    found = {case.name: case for case in cases(2)}
+    with_vllm = [case for case in found.values() if case.python == sys.executable and "vllm" in " ".join(
+        case.overrides + case.command).lower()]
+    assert {case.name for case in with_vllm} == {"tiny, rollout=vllm", "vLLM log-probs (bf16)",
+                                                 "tiny, DDP + vLLM, 2 GPUs", "tiny, ZeRO-3 + vLLM, 2 GPUs"}
+    for case in with_vllm:
+        assert case.timeout_s == gpu_check.CASE_TIMEOUT_S + gpu_check.VLLM_STARTUP_S <= gpu_check.CHECK_BUDGET_S
+    for name in ("tiny, DDP + vLLM, 2 GPUs", "tiny, ZeRO-3 + vLLM, 2 GPUs"):
+        cfg = shipped(*found[name].overrides)
+        assert cfg.trainer.devices == 2 and cfg.env.val_size == 1 < cfg.trainer.devices
+        assert cfg.total_steps == cfg.test_every == 2 and cfg.env.eval_splits == ["iid", "ood"]
+
+
+def test_a_case_runs_under_what_is_left_of_the_budget(tmp_path):
+    sleeper = Case("slow", command=("-c", "import time; time.sleep(30)"), timeout_s=600)
+    result = run_case(sleeper, tmp_path, budget_s=2)
+    assert result.status == "FAILED" and result.note == "still running after 2 s"
+    spent = run_case(sleeper, tmp_path, budget_s=0)
+    assert spent.status == "FAILED" and spent.note.startswith("not run: the check's") and spent.seconds == 0
+
+
+@pytest.fixture
 def small_shape(tmp_path):
     """Qwen2.5-1.5B's config.json shrunk to a few layers of width 64 and a 4096-token vocabulary."""
     config = json.loads((SHAPES / "qwen2.5-1.5b-instruct" / "config.json").read_text())
@@ -61,7 +117,7 @@ def test_a_shaped_model_has_its_config_s_shape_and_loads_as_a_model_directory(sm
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_every_train_case_passes_the_start_checks_of_a_gpu_machine(small_model, gpu_machine, gpus):
     runs = [case for case in cases(gpus) if not case.command]
-    assert len(runs) == (8 if gpus == 1 else 11)
+    assert len(runs) == (8 if gpus == 1 else 13)
     for case in runs:
         model = [f"model.name_or_path={small_model}"] if case.shape else []
         cfg = shipped(*case.overrides, *model)
@@ -81,7 +137,8 @@ def test_a_missing_piece_is_reported_missing(monkeypatch, tmp_path):
     missing = {r.case.name: r.note for r in results}
     assert all(r.status == "missing" for r in results)
     assert {name for name in missing if "ZeRO" in name} == {"tiny, ZeRO-2, 1 GPU", "tiny, ZeRO-3, 1 GPU",
-                                                          "tiny, ZeRO-2, 2 GPUs", "tiny, ZeRO-3, 2 GPUs"}
+                                                          "tiny, ZeRO-2, 2 GPUs", "tiny, ZeRO-3, 2 GPUs",
+                                                          "tiny, ZeRO-3 + vLLM, 2 GPUs"}
     assert "make setup-vllm" in missing["tiny, rollout=vllm"] and "make smollm2" in missing["SmolLM2-135M"]
     assert "| tiny, ZeRO-3, 2 GPUs | missing |" in table(results)
 
