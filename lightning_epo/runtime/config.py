@@ -222,6 +222,7 @@ def validate(cfg: DictConfig) -> None:
         )
     _epo_settings(algo.epo)
     _devices(cfg.trainer.get("devices", "auto"))
+    _one_engine_per_rank(cfg)
     if algo.epo.smoothing and algo.entropy_coef == 0:
         raise ConfigError("algo.epo.smoothing=true has no effect with algo.entropy_coef=0 (λ weighs L_H and L_smooth "
                           "alike): set algo.entropy_coef (e.g. 0.001) or drop smoothing")
@@ -240,6 +241,25 @@ def validate(cfg: DictConfig) -> None:
             )
     if cfg.ckpt_path not in (None, "last") and not Path(cfg.ckpt_path).exists():  # DeepSpeed saves directories
         raise ConfigError(f"ckpt_path '{cfg.ckpt_path}' does not exist: give a .ckpt file, or ckpt_path=last")
+
+
+VLLM_PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+
+
+def _one_engine_per_rank(cfg: DictConfig) -> None:
+    """A vLLM engine is one trainer rank's, fed that rank's prompts with that rank's seed: a tensor, pipeline or data
+    parallel group of vLLM's, whose members need the same prompts and seed, would hang or sample wrongly."""
+    for key, engine in (("rollout.engine", cfg.rollout.engine), ("data.val_engine", cfg.data.get("val_engine"))):
+        if not is_vllm(engine):
+            continue
+        for size in VLLM_PARALLEL_SIZES:
+            value = (engine.get("llm_kwargs") or {}).get(size, 1)
+            if value != 1:
+                raise ConfigError(
+                    f"{key}.llm_kwargs.{size}={value}: each trainer rank runs a vLLM engine of its own, on its own "
+                    "device with its own prompts and seed, which a vLLM parallel group cannot share: remove it (1); "
+                    "for more devices raise trainer.devices"
+                )
 
 
 def _eval_splits(splits: list[str]) -> None:

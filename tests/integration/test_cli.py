@@ -29,6 +29,10 @@ BAD_VALUES = [
     (["optim.actor_lr=abc"], "optim.actor_lr must be a number >= 0"),
     (["data.episodes_per_step=16", "algo.group_size=3"], "data.episodes_per_step=16 is not a multiple of"),
     (["model.trust_remote_code='false'"], "model.trust_remote_code must be true or false (unquoted)"),
+    (["rollout=vllm", "+rollout.engine.llm_kwargs.tensor_parallel_size=2"],
+     "rollout.engine.llm_kwargs.tensor_parallel_size=2: each trainer rank runs a vLLM engine of its own"),
+    (["rollout=vllm", "+rollout.engine.llm_kwargs.pipeline_parallel_size=2"],
+     "rollout.engine.llm_kwargs.pipeline_parallel_size=2: each trainer rank runs a vLLM engine of its own"),
 ]
 
 

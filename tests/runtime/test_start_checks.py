@@ -44,6 +44,16 @@ def test_a_kv_block_size_vllm_refuses_on_cpu_is_refused_at_start(compose_cfg, mo
     check_machine(compose_cfg("rollout=vllm", "rollout.engine.block_size=16", "trainer=cpu"))
 
 
+def test_a_vllm_parallel_group_in_an_evaluation_engine_is_refused(compose_cfg):
+    """Each rank's engine gets that rank's prompts and seed; a parallel group of vLLM's needs the same on every
+    member. The evaluation engine of a supervised stage is checked as the training engine is."""
+    vllm_evaluation = ["experiment=gridworld_sft", "data.val_engine._target_=lightning_epo.rollout.vllm_engine.VLLMEngine"]
+    with pytest.raises(ConfigError, match=r"^data.val_engine.llm_kwargs.data_parallel_size=2: each trainer rank "):
+        validate(compose_cfg(*vllm_evaluation, "+data.val_engine.llm_kwargs={data_parallel_size: 2}"))
+    validate(compose_cfg(*vllm_evaluation, "+data.val_engine.llm_kwargs={tensor_parallel_size: 1}"))
+    validate(compose_cfg("experiment=gridworld_sft", "+data.val_engine.llm_kwargs={tensor_parallel_size: 2}"))  # hf
+
+
 def test_an_evaluation_split_listed_twice_is_refused(compose_cfg):
     with pytest.raises(ConfigError, match=r"env.eval_splits lists iid twice: .*env.eval_splits=\[iid\]"):
         validate(compose_cfg("env.eval_splits=[iid,iid]"))
