@@ -27,7 +27,14 @@ in its own process, so weights pass by reference:
 - Memory: with ``enable_sleep_mode`` (CUDA only; turned off, with one log line, elsewhere) the engine frees
   its GPU memory between rollouts (:meth:`release_memory`, ``llm.sleep``); ``sync_weights`` wakes the weights
   only (the KV cache stays freed while weights load), ``generate`` wakes the KV cache. ``sleep_level=2``
-  discards the weights instead of backing them up in CPU memory, since a full push follows every sleep.
+  discards the weights instead of backing them up in CPU memory, since a full push follows every sleep: after the
+  update, or at the start of the next collection (:meth:`before_collection`, which every rank calls, with or without
+  episodes: under ZeRO-3 a push gathers shards, a collective), never inside ``generate``.
+- Several ranks: each rank's engine runs inside the trainer's process group with vLLM's ``external_launcher``
+  executor, which reads ``RANK`` and ``LOCAL_RANK`` from the environment (set here where Lightning's own launcher
+  did not: :func:`launcher_ranks_set`); :meth:`close` keeps the trainer's group (vLLM's shutdown destroys the
+  default group). A vLLM tensor, pipeline or data parallel group cannot serve one rank's prompts and is refused at
+  start (runtime/config.py).
   On CPU the KV cache takes ``kv_cache_gib`` of host memory (1 GiB unless set): vLLM would otherwise read
   ``gpu_memory_utilization`` as a share of the host's RAM.
 - Prefix caching reuses whole KV blocks only. vLLM's CPU default of 128 tokens a block cached no prompt prefix
