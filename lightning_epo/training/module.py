@@ -83,7 +83,7 @@ class EPOModule(L.LightningModule):
         # plain containers in the checkpoint (Lightning resumes with torch.load(weights_only=True)); the arguments
         # Lightning collects are kept scrubbed for the checkpoint and the loggers (the models load from ``model``)
         model, algo, optim = (OmegaConf.to_container(c, resolve=True) for c in (model, algo, optim))
-        eval_splits = list(eval_splits)
+        eval_splits, eval_tasks = list(eval_splits), eval_tasks and [str(t) for t in eval_tasks]  # plain lists
         self.save_hyperparameters(ignore=["state_settings"])  # the checkpoint holds them apart (on_save_checkpoint)
         self.save_hyperparameters(scrub_secrets(dict(self.hparams)))
         self.state_settings = None if state_settings is None else OmegaConf.to_container(OmegaConf.create(state_settings))
@@ -97,7 +97,7 @@ class EPOModule(L.LightningModule):
         self.step_inputs = StepInputs()  # filled by the callbacks before each RL step (lightning_epo/training/step_io.py)
         self.step_report: StepReport | None = None  # published after each RL step, for the callbacks
         self.clock = StepClock(torch.device("cpu"))  # the running RL step's parts, timed by the module and callbacks
-        self.val_metrics = EvalMetrics(eval_splits, None if eval_tasks is None else list(eval_tasks), eval_score)
+        self.val_metrics = EvalMetrics(eval_splits, eval_tasks, eval_score)
 
     # ----------------------------------------------------------------- models and optimizer
     def configure_model(self) -> None:

@@ -34,6 +34,7 @@ def test_the_sciworld_recipe_warm_starts_then_trains_ppo_with_a_small_critic_and
     metrics = run(compose_cfg(*overrides), overrides=overrides)
     assert (tmp_path / "run" / "warm_start" / "policy" / "config.json").is_file()
     ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)  # as a resume loads it
     assert ckpt["rl_state"]["rl_step"] == 1
     state = ckpt["state_dict"]
     assert any(k.startswith("actor.") and "lora_" in k for k in state)  # RL trained adapters
