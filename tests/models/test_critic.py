@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lightning_epo.core.errors import UserError
 from lightning_epo.models.loading import load_actor, load_critic
 from tests.models.conftest import L, N
 
@@ -158,3 +159,20 @@ def test_values_are_float32_under_bf16_autocast(critic, batch):
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         values = critic(*batch)
     assert values.dtype == torch.float32
+
+
+def test_a_smaller_critic_reads_the_models_first_layers_through_its_final_norm(tiny_model_path, batch):
+    """``model.critic_layers=1``: the backbone is the model's first decoder layer and its final norm, the same
+    weights and the same hidden states as the whole model's after that layer, normed."""
+    from transformers import AutoModel
+
+    input_ids, attention_mask = batch
+    small = load_critic(model_cfg(tiny_model_path, critic_layers=1))
+    whole = AutoModel.from_pretrained(tiny_model_path, dtype=torch.float32, attn_implementation="sdpa")
+    assert len(small.backbone.layers) == 1 == small.backbone.config.num_hidden_layers < whole.config.num_hidden_layers
+    with torch.no_grad():
+        hidden = small.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        after_first = whole(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states[1]
+        torch.testing.assert_close(hidden, whole.norm(after_first))
+    with pytest.raises(UserError, match="model.critic_layers=3: the model has 2 decoder layers"):
+        load_critic(model_cfg(tiny_model_path, critic_layers=3))
