@@ -37,9 +37,13 @@ from tests.integration.test_resume_evaluation import CRASH
 from tests.training.test_nonfinite_guard import PoisonFrom, nan_loss_objective
 
 STRATEGIES = ("ddp", "zero2", "zero3")
+# 4 rows a micro-batch: several a step (24 rows a rank), and a short ZeRO-3 trace. DeepSpeed records the step's
+# submodule order and, releasing each submodule, scans it ahead for reuse up to stage3_max_reuse_distance (1e9)
+# elements: every one of the tiny model's, so the scan grows with the trace's square (2 rows a micro-batch made the
+# uninterrupted run's second step 52 s instead of 13 s, 2026-12-01)
 RESUME = [
     "debug=fast", "logger=csv", "~callbacks.progress_bar", "test_every=1000", "rollout=expert",
-    "algo.micro_batch_tokens=null", "algo.micro_batch_size=2",
+    "algo.micro_batch_tokens=null", "algo.micro_batch_size=4",
     "trainer=deepspeed_stage_3", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
 ]
 
