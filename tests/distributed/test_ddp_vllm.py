@@ -26,7 +26,7 @@ from tests.distributed.test_deepspeed import losses_at
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("vllm_env")]
 
 REPO = Path(__file__).resolve().parents[2]
-SHRUNK = ["~experiment", "debug=fast", "logger=csv", "~callbacks.progress_bar", "env.val_size=1"]
+SHRUNK = ["debug=fast", "logger=csv", "~callbacks.progress_bar", "env.val_size=1"]  # on the bare defaults
 DDP_VLLM = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true", "rollout=vllm"]
 LAUNCHERS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -42,7 +42,7 @@ def renumbered(episodes: list[Episode], offset: int) -> list[Episode]:
 
 def test_ddp_with_a_vllm_engine_per_rank_trains_evaluates_and_keeps_its_process_group(tiny_model_path, tmp_path):
     recorder = f"{RankRecorder.__module__}.{RankRecorder.__name__}"
-    command = [sys.executable, "train.py", *SHRUNK, *DDP_VLLM, f"model.name_or_path={tiny_model_path}",
+    command = [sys.executable, "train.py", "~experiment", *SHRUNK, *DDP_VLLM, f"model.name_or_path={tiny_model_path}",
                f"hydra.run.dir={tmp_path / 'run'}", f"+callbacks.record._target_={recorder}",
                f"+callbacks.record.out_dir={tmp_path}", "+callbacks.record.name=ddp-vllm"]
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHERS}  # Lightning's launcher, not torchrun's
@@ -61,7 +61,7 @@ def test_ddp_with_a_vllm_engine_per_rank_trains_evaluates_and_keeps_its_process_
 
     # One process trained from the same start on both ranks' episodes of each step makes the same update: the
     # gradients all-reduced, H̄ and the Eq. 4 weights over all ranks, the weight push reaching the second rollout
-    cfg = compose_cfg(tiny_model_path, str(tmp_path / "replay"), *SHRUNK[1:])
+    cfg = compose_cfg(tiny_model_path, str(tmp_path / "replay"), *SHRUNK)  # compose_cfg takes ~experiment itself
     pad_id = load_tokenizer(cfg.model).pad_token_id
     batches = [collate_episodes(ranks[0]["episodes"][k] + renumbered(ranks[1]["episodes"][k], 8), pad_id, {})
                for k in (0, 1)]
