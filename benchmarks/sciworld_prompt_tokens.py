@@ -16,7 +16,12 @@ the collector keeps, ``think`` off as for SmolLM2) and tokenized with the model'
 - ``fresh``: the rest of a turn's prompt (mean and max over turns): what each turn computes anew.
 
 ``total`` is the prompt's length before the collector's cut to ``model.max_prompt_tokens`` (2048 for SmolLM2), with
-the number of turns above that limit. The table also gives the gold path's length per task.
+the number of turns above that limit. The table also gives the gold path's length per task, and what a trained row
+costs the update's decoders, ``update``: the positions they compute a row (``Sharing.decoder_positions``, padding
+included) when the episodes, each turn's prompt with its gold or sampled answer, are cut into RL steps of
+``--episodes-per-step`` as the SmolLM2 recipes cut them (``--mini-batches``, ``algo.micro_batch_tokens``
+``--budget``, ``model.shared_prefix`` and ``model.fold_turns`` on), mini-batches of rows against whole episodes
+(``algo.batch_by_episode``).
 """
 
 from __future__ import annotations
@@ -31,7 +36,10 @@ from pathlib import Path
 from lightning_epo.envs.base import Task
 from lightning_epo.envs.sciworld import SciWorldEnv, SciWorldSuite
 from lightning_epo.models.loading import load_tokenizer
+from lightning_epo.rollout.batch import collate_episodes
+from lightning_epo.rollout.episode import Episode, TurnSample
 from lightning_epo.rollout.prompts import PromptBuilder
+from lightning_epo.training.micro_batches import micro_batch_sharing, plan_micro_batches, step_mini_batches
 
 REPO = Path(__file__).resolve().parents[1]
 # the 9 tasks whose gold path (easy simplification) took at most 12 steps on one train variation; over more
@@ -93,6 +101,31 @@ def common_prefix(rows: list[list[int]]) -> int:
     return next((i for i in range(n) if any(r[i] != first[i] for r in rows)), n)
 
 
+def update_positions(prompts: list[list[list[int]]], answers: list[list[list[int]]], by_episode: bool, budget: int,
+                     episodes_per_step: int, mini_batches: int) -> float:
+    """The decoder positions the update computes a row, over steps of ``episodes_per_step`` of the episodes whose
+    turns' ``prompts`` and ``answers`` (token ids) are given, drawn in a shuffled order (tasks mixed, as a step of the
+    recipe mixes them): one epoch of ``mini_batches`` mini-batches, micro-batches of at most ``budget`` tokens, the
+    shared prefix and folded turns on (one process)."""
+    order = list(range(len(prompts)))
+    random.Random(0).shuffle(order)
+    positions = rows = 0
+    for start in range(0, len(order), episodes_per_step):
+        step = order[start:start + episodes_per_step]
+        episodes = [Episode(traj_id=j, group_id=j, task="", turns=[
+            TurnSample(prompt, answer, traj_id=j, turn_idx=t, group_id=j)
+            for t, (prompt, answer) in enumerate(zip(prompts[e], answers[e]))]) for j, e in enumerate(step)]
+        batch = collate_episodes(episodes, pad_token_id=0)
+        algo = {"ppo_epochs": 1, "mini_batches": mini_batches, "batch_by_episode": by_episode}
+        (minis,), _ = step_mini_batches(batch.traj_ids, algo, seed=start)
+        for micro_batches in plan_micro_batches(batch, minis, 1, budget, True, lambda t, op="sum": t, by_episode):
+            for cut in micro_batches:
+                mb = batch.select(cut)
+                positions += micro_batch_sharing(mb, True, True, None).decoder_positions(*mb.input_ids.shape)
+        rows += len(batch)
+    return positions / rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", nargs="+", default=["short"], help="short (the 9), all (29) or task names")
@@ -104,6 +137,9 @@ def main() -> None:
     parser.add_argument("--model", default=str(REPO / "data" / "smollm2-135m-instruct"))
     parser.add_argument("--max-prompt-tokens", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--episodes-per-step", type=int, default=8)
+    parser.add_argument("--mini-batches", type=int, default=2)
+    parser.add_argument("--budget", type=int, default=4096, help="algo.micro_batch_tokens")
     args = parser.parse_args()
 
     suite = SciWorldSuite()
@@ -134,14 +170,16 @@ def main() -> None:
           f"{len(episodes['sampled'])} sampled ({args.sampled_steps} random actions); played in {played:.0f} s\n")
     print("gold path steps (min-max over the variations): " + ", ".join(
         f"{n} {min(s)}-{max(s)}" if min(s) != max(s) else f"{n} {s[0]}" for n, s in gold_steps.items()))
-    answers = [len(tokenizer.encode(f"<action>{a}</action>", add_special_tokens=False)) + 1
-               for turns in episodes["gold"] for _, _, a in turns]
+    answer_ids = {paths: [[tokenizer.encode(f"<action>{a}</action>", add_special_tokens=False)
+                           + [tokenizer.eos_token_id] for _, _, a in turns] for turns in played_paths if turns]
+                  for paths, played_paths in episodes.items()}
+    answers = [len(ids) for turns in answer_ids["gold"] for ids in turns]
     print(f"gold answers (<action>...</action> and the stop token): {statistics.mean(answers):.1f} tokens on average, "
           f"{max(answers)} at most\n")
     header = (f"| paths | layout | history | turns | total mean [min, max] | over {args.max_prompt_tokens} | shared | "
-              "fixed per episode (mean) | fresh per turn mean [max] |")
+              "fixed per episode (mean) | fresh per turn mean [max] | update a row: rows / by episode |")
     print(header)
-    print("|---" * 9 + "|")
+    print("|---" * 10 + "|")
     for paths in ("gold", "sampled"):
         for history in args.history:
             for layout, (fixed_first, action_list) in LAYOUTS.items():
@@ -157,9 +195,11 @@ def main() -> None:
                          if len(prompts) > 1]
                 lengths = [len(p) for p in every]
                 over = sum(n > args.max_prompt_tokens for n in lengths)
+                cost = [update_positions(per_episode, answer_ids[paths], by_episode, args.budget,
+                                         args.episodes_per_step, args.mini_batches) for by_episode in (False, True)]
                 print(f"| {paths} | {layout} | {history} | {len(every)} | {statistics.mean(lengths):.0f} "
                       f"[{min(lengths)}, {max(lengths)}] | {over} | {shared} | {statistics.mean(fixed):.0f} | "
-                      f"{statistics.mean(fresh):.0f} [{max(fresh)}] |")
+                      f"{statistics.mean(fresh):.0f} [{max(fresh)}] | {cost[0]:.0f} / {cost[1]:.0f} |")
 
 
 if __name__ == "__main__":

@@ -112,4 +112,5 @@ class AlgoConfig:
     target_kl: float | None = checked(number(0, open_low=True, optional=True, example=0.02))
     micro_batch_tokens: int | None = checked(integer(optional=True))
     micro_batch_size: int | None = checked(integer(optional=True))
+    batch_by_episode: bool = checked(SWITCH)
     epo: EpoConfig = field(default_factory=EpoConfig)

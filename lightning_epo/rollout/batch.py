@@ -64,18 +64,20 @@ class RolloutBatch:
             state_ids=self.state_ids,
         )
 
-    def split_by_tokens(self, rows: torch.Tensor, budget: int) -> list[torch.Tensor]:
+    def split_by_tokens(self, rows: torch.Tensor, budget: int, prefix: int = 0) -> list[torch.Tensor]:
         """``rows`` (indices ``[n]``) sorted longest first and cut into consecutive micro-batches whose padded
-        size after :meth:`select`'s trim, rows x their longest row, is at most ``budget`` tokens (a row longer than
-        ``budget`` forms a micro-batch of its own). Sorting puts rows of similar length together, so little of
-        each micro-batch is padding. Returns index tensors that together hold every row of ``rows`` once."""
+        size after :meth:`select`'s trim is at most ``budget`` tokens (a row longer than ``budget`` forms a
+        micro-batch of its own). The size is rows x their longest row, or, where the rows' first ``prefix`` tokens
+        are alike and computed once (``model.shared_prefix``), ``prefix + rows x (longest - prefix)``
+        (``models/shared_prefix.py``: ``Sharing.decoder_positions``). Sorting puts rows of similar length together, so little of each
+        micro-batch is padding. Returns index tensors that together hold every row of ``rows`` once."""
         lengths = self.attention_mask[rows].sum(-1)
         order = lengths.argsort(descending=True, stable=True)
         longest_first = lengths[order].tolist()
         cuts, start = [], 0
         for i in range(1, len(order)):
-            if (i - start + 1) * longest_first[start] > budget:  # row i would not fit beside rows start..i-1
-                cuts.append(rows[order[start:i]])
+            if prefix + (i - start + 1) * (longest_first[start] - prefix) > budget:  # row i would not fit beside
+                cuts.append(rows[order[start:i]])                                     # rows start..i-1
                 start = i
         return [*cuts, rows[order[start:]]]
 

@@ -174,6 +174,22 @@ def _micro_batch_cut(algo: DictConfig) -> None:
                           "(e.g. algo.micro_batch_tokens=4096)")
 
 
+def _batch_by_episode(cfg: DictConfig) -> None:
+    """``algo.batch_by_episode`` counts an episode's shared prefix once in a micro-batch's token budget: only right
+    where the decoders compute it once (``model.shared_prefix``), which ZeRO-3 cannot promise (a prefix is used only
+    where every rank's micro-batch has one, training/micro_batches.py: ``micro_batch_sharing``)."""
+    if not cfg.algo.get("batch_by_episode"):
+        return
+    if not cfg.model.get("shared_prefix"):
+        raise ConfigError("algo.batch_by_episode=true computes an episode's fixed prompt text once only with "
+                          "model.shared_prefix=true: set it, or drop algo.batch_by_episode")
+    strategy = cfg.trainer.get("strategy")
+    if isinstance(strategy, DictConfig) and strategy.get("_target_") == DEEPSPEED_FACTORY and strategy.stage == 3:
+        raise ConfigError("algo.batch_by_episode=true under ZeRO-3 would let a micro-batch exceed "
+                          "algo.micro_batch_tokens (a rank without a shared prefix turns it off on every rank): "
+                          "drop algo.batch_by_episode, or pick trainer=deepspeed_stage_2 / ddp")
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` with one line naming the key and the fix."""
     _choice(cfg.mode, ["train", "eval"], "mode")
@@ -210,6 +226,7 @@ def validate(cfg: DictConfig) -> None:
             "group, so every advantage is 0 and only the entropy term trains: set algo.group_size>=2"
         )
     _micro_batch_cut(algo)
+    _batch_by_episode(cfg)
     if algo.advantage == "gae" and not algo.critic:
         raise ConfigError("algo.advantage=gae needs algo.critic=true (or use algo.advantage=grpo)")
     if algo.critic and algo.advantage != "gae":

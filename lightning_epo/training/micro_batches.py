@@ -22,42 +22,73 @@ from lightning_epo.rollout.batch import RolloutBatch
 
 def plan_micro_batches(
     batch: RolloutBatch, groups: list[torch.Tensor], micro_batch_size: int, micro_batch_tokens: int | None,
-    fold: bool, reduce: Callable[..., torch.Tensor],
+    fold: bool, reduce: Callable[..., torch.Tensor], by_episode: bool = False,
 ) -> list[list[torch.Tensor]]:
     """Each of ``groups`` (row indices ``[n]`` of ``batch``) cut into micro-batches: of at most ``micro_batch_size``
     rows, or with ``micro_batch_tokens`` sorted by length and packed up to that many tokens of padded size
-    (:meth:`RolloutBatch.split_by_tokens`). With ``fold`` the rows cut are the group's hosts (:func:`prefix_hosts`,
-    the rows the decoders compute) and each row joins its host's micro-batch. Every group gets the largest pass
-    count of any rank (``reduce(t, "max")``): a rank with fewer gets empty micro-batches (:func:`rows_or_first`).
+    (:meth:`RolloutBatch.split_by_tokens`). With ``by_episode`` (``algo.batch_by_episode``) a micro-batch holds the
+    rows of one episode, and the token budget counts once the prefix that all of the episode's rows share (its fixed
+    prompt text, which ``model.shared_prefix`` computes once a micro-batch). With ``fold`` the rows cut are the
+    hosts (:func:`prefix_hosts`, the rows the decoders compute; of the episode's rows with ``by_episode``) and each
+    row joins its host's micro-batch. Every group gets the largest pass count of any rank (``reduce(t, "max")``): a
+    rank with fewer gets empty micro-batches (:func:`rows_or_first`).
     """
     def most_passes(local: list[int]) -> list[int]:
         device = groups[0].device if groups else None
         return reduce(torch.tensor(local, device=device), "max").clamp(min=1).tolist()
 
-    hosts = [rows[prefix_hosts(batch.input_ids[rows], batch.attention_mask[rows])] if fold else rows
-             for rows in groups]  # [n] per group: batch indices
-    computed = [group_hosts.unique() if fold else rows for rows, group_hosts in zip(groups, hosts)]
-    if micro_batch_tokens is None:  # rows spread evenly over the passes
-        counts = most_passes([math.ceil(len(rows) / micro_batch_size) for rows in computed])
-        cuts = [list(rows.tensor_split(count)) for rows, count in zip(computed, counts)]
+    parts = [episode_rows(batch.traj_ids, rows) if by_episode else [rows] for rows in groups]  # per group: [n_e] each
+    hosts = [[part[prefix_hosts(batch.input_ids[part], batch.attention_mask[part])] if fold else part for part in group]
+             for group in parts]  # aligned with parts: batch indices
+    computed = [[host.unique() if fold else part for part, host in zip(group, group_hosts)]
+                for group, group_hosts in zip(parts, hosts)]
+    if micro_batch_tokens is None and not by_episode:  # rows spread evenly over the passes
+        counts = most_passes([math.ceil(len(rows) / micro_batch_size) for (rows,) in computed])
+        cuts = [list(rows.tensor_split(count)) for (rows,), count in zip(computed, counts)]
     else:
-        cuts = [batch.split_by_tokens(rows, micro_batch_tokens) for rows in computed]
+        cuts = [[cut for rows in group for cut in _cut(batch, rows, micro_batch_size, micro_batch_tokens, by_episode)]
+                for group in computed]
         counts = most_passes([len(cut) for cut in cuts])
-        cuts = [cut + [rows[:0]] * (count - len(cut)) for rows, cut, count in zip(computed, cuts, counts)]
+        cuts = [cut + [rows[:0]] * (count - len(cut)) for rows, cut, count in zip(groups, cuts, counts)]
     if not fold:
         return cuts
-    return [[rows[torch.isin(group_hosts, cut)] for cut in group_cuts]  # each row beside its host
-            for rows, group_hosts, group_cuts in zip(groups, hosts, cuts)]
+    return [[torch.cat(group)[torch.isin(torch.cat(group_hosts), cut)] for cut in group_cuts]  # each row beside
+            for group, group_hosts, group_cuts in zip(parts, hosts, cuts)]                     # its host
 
 
-def step_mini_batches(n: int, algo: Mapping[str, Any], seed: int, device: torch.device
+def _cut(batch: RolloutBatch, rows: torch.Tensor, micro_batch_size: int, micro_batch_tokens: int | None,
+         one_episode: bool) -> list[torch.Tensor]:
+    """``rows`` ``[n]`` cut into micro-batches of at most ``micro_batch_size`` rows (spread evenly) or
+    ``micro_batch_tokens`` tokens, the prefix all of ``rows`` share counted once where they are ``one_episode``'s."""
+    if micro_batch_tokens is None:
+        return list(rows.tensor_split(math.ceil(len(rows) / micro_batch_size)))
+    shared = one_episode and len(rows) > 1
+    prefix = shared_prefix_length(batch.input_ids[rows], batch.attention_mask[rows]) if shared else 0
+    return batch.split_by_tokens(rows, micro_batch_tokens, prefix)
+
+
+def episode_rows(traj_ids: torch.Tensor, rows: torch.Tensor) -> list[torch.Tensor]:
+    """``rows`` ``[n]`` split by episode (``traj_ids`` ``[N]``, of every row of the batch): one index tensor per
+    episode, in the order of the episodes' ids, its rows in their order in ``rows``."""
+    ids = traj_ids[rows]
+    return [rows[ids == episode] for episode in ids.unique()]
+
+
+def step_mini_batches(traj_ids: torch.Tensor, algo: Mapping[str, Any], seed: int
                       ) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
-    """One RL step's mini-batches: every PPO epoch (``algo.ppo_epochs``) a random permutation of the ``n`` rows (drawn
-    from ``seed``) cut into ``algo.mini_batches`` parts of row indices ``[~n / mini_batches]``; and their
-    :func:`on_policy_rows`."""
-    generator = torch.Generator().manual_seed(seed)
-    minis = [list(torch.randperm(n, generator=generator).to(device).tensor_split(algo["mini_batches"]))
-             for _ in range(algo["ppo_epochs"])]
+    """One RL step's mini-batches: every PPO epoch (``algo.ppo_epochs``) a random permutation (drawn from ``seed``)
+    of the step's rows (``traj_ids`` ``[N]``: each row's episode), or with ``algo.batch_by_episode`` of its episodes,
+    cut into ``algo.mini_batches`` parts of row indices ``[~N / mini_batches]``; and their :func:`on_policy_rows`."""
+    generator, parts = torch.Generator().manual_seed(seed), algo["mini_batches"]
+    if algo.get("batch_by_episode"):
+        episodes = traj_ids.unique()
+        draws = (episodes[torch.randperm(len(episodes), generator=generator).to(episodes.device)]
+                 for _ in range(algo["ppo_epochs"]))
+        minis = [[torch.isin(traj_ids, part).nonzero().squeeze(1) for part in order.tensor_split(parts)]
+                 for order in draws]
+    else:
+        minis = [list(torch.randperm(len(traj_ids), generator=generator).to(traj_ids.device).tensor_split(parts))
+                 for _ in range(algo["ppo_epochs"])]
     return minis, on_policy_rows(minis, bool(algo.get("advantage_shaping")))
 
 

@@ -125,7 +125,7 @@ class EPOModule(L.LightningModule):
         except TrainingDiverged as error:  # the engine sampled from non-finite logits: name the checkpoint
             self._stop_if(str(error), error)
         seed = self.hparams.seed * 100_003 + self.rl_step
-        minis, on_policy = step_mini_batches(len(batch), self.algo, seed, self.device)
+        minis, on_policy = step_mini_batches(batch.traj_ids, self.algo, seed)
         old = self._old_policy_pass(batch, on_policy)
         settings = self._settings()
         targets = step_targets(batch.advantage_inputs(old.get("old_values")), old, self.algo, self._reduce)
@@ -229,7 +229,8 @@ class EPOModule(L.LightningModule):
 
     def _micro_batches(self, batch: RolloutBatch, groups: list[torch.Tensor]) -> list[list[torch.Tensor]]:
         return plan_micro_batches(batch, groups, self.algo.micro_batch_size, self.algo.get("micro_batch_tokens"),
-                                  self.model_cfg.get("fold_turns", False), self._reduce)
+                                  self.model_cfg.get("fold_turns", False), self._reduce,
+                                  bool(self.algo.get("batch_by_episode")))
 
     def _sharing(self, mb: RolloutBatch) -> Sharing:
         zero3 = self._trainer is not None and zero_stage(self.trainer.strategy) == 3
