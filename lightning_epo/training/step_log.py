@@ -31,7 +31,7 @@ def step_sums(
     sums.add("panels", entropy_panel_sums(entropy, mask, batch.traj_ids, batch.turn_idx, *edges))
     sums.add("turns", turn_entropy_sums(entropy, mask, batch.turn_idx, max_turns))
     sums.add("sampler_gap", sampler_gap_sums(batch.sampler_logprobs, targets.old_logprobs, mask))
-    if s.smoothing and s.entropy_ref is not None:
+    if s.entropy_ref is not None:  # logged where EPO's term is on, smoothing or not (step_metrics)
         sums.add("out_of_range", out_of_range(entropy[mask], s.entropy_ref, s.kappa_l, s.kappa_r).sum())
     if targets.returns is not None:  # the old critic against the targets it is trained on this step
         sums.add("critic", explained_variance_moments(targets.returns, targets.old_values, mask))
@@ -44,8 +44,9 @@ def step_metrics(
 ) -> dict[str, float]:
     """The step's values from the all-rank sums ``total`` (:func:`step_sums`): the rollout's ``stats`` (counts add
     up over ranks, rates average), the loss terms, the PPO diagnostics, the engine's mean log-prob gap (with engine
-    log-probs), λ_k (where ``entropy_regularised``: ``algo.entropy_coef > 0``), β_k and H̄ (with smoothing), the
-    entropy panels and the critic's explained variance (undefined when the returns do not vary)."""
+    log-probs), λ_k (where ``entropy_regularised``: ``algo.entropy_coef > 0``), β_k (with smoothing), H̄ and the
+    share of tokens outside Eq. 5's band (EPO: smoothing, or the entropy term without it, EPO-Base), the entropy
+    panels and the critic's explained variance (undefined when the returns do not vary)."""
     metrics = {name: float(total[name] if name in ROLLOUT_COUNTS else total[name] / world_size) for name in stats}
     metrics |= {f"loss/{name}": float(total[f"terms/{name}"]) for name in LOSS_TERMS if name in terms}
     metrics |= {"ppo/clipfrac": float(total["terms/clipfrac"]), "ppo/approx_kl": float(total["terms/approx_kl"])}
@@ -55,9 +56,9 @@ def step_metrics(
         metrics["epo/entropy_coef"] = s.entropy_coef
     if s.smoothing:
         metrics["epo/beta"] = s.beta
-        if s.entropy_ref is not None:
-            metrics["epo/entropy_ref"] = s.entropy_ref
-            metrics["epo/out_of_range_frac"] = float(total["out_of_range"] / total["entropy"][1])
+    if (s.smoothing or entropy_regularised) and s.entropy_ref is not None:
+        metrics["epo/entropy_ref"] = s.entropy_ref
+        metrics["epo/out_of_range_frac"] = float(total["out_of_range"] / total["entropy"][1])
     for i, name in enumerate(PANELS):
         if (value := ratio(total["panels"][2 * i : 2 * i + 2])) is not None:
             metrics[f"entropy/{name}"] = value

@@ -265,3 +265,19 @@ def test_the_step_logs_how_far_the_engines_log_probs_are_from_the_trainers(compo
 
     _, without = fit_one_step(cfg, [synthetic_batch(500, seed=3)])
     assert "train/sampler_logprob_gap" not in without.callback_metrics and "loss/policy" in without.callback_metrics
+
+
+@pytest.mark.parametrize(("overrides", "logged"), [(["algo=grpo_epo"], True),
+                                                   (["algo=grpo_epo", "algo.epo.smoothing=false"], True),
+                                                   (["algo=grpo"], False)])
+def test_the_window_mean_and_the_share_outside_the_band_are_logged_wherever_the_entropy_term_is_on(
+        compose_cfg, overrides, logged):
+    """EPO with or without its smoothing (EPO-Base, the bare bonus) logs H̄ and the share of tokens outside
+    ``[κ_l, κ_r]·H̄`` from step 1 (what a comparison of the two reads); without the entropy term nothing ``epo/``."""
+    _, trainer = fit_one_step(compose_cfg(*overrides, "total_steps=2"), [synthetic_batch(500, seed=1),
+                                                                         synthetic_batch(500, seed=2)])
+    metrics = trainer.callback_metrics
+    assert ({"epo/entropy_ref", "epo/out_of_range_frac"} <= metrics.keys()) is logged
+    assert ("epo/beta" in metrics) is ("algo.epo.smoothing=false" not in overrides and logged)
+    if logged:
+        assert 0.0 <= float(metrics["epo/out_of_range_frac"]) <= 1.0 and float(metrics["epo/entropy_ref"]) > 0
