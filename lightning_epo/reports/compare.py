@@ -13,6 +13,8 @@ PLAN.yaml (written down, and committed, before the first run: DESIGN.md "Reprodu
       epo: [algo=grpo_epo]
       bonus: [algo=grpo_epo, algo.epo.smoothing=false]
     contrasts: [[epo, bonus]]                # optional: pairs of arms also compared with each other
+    control: warm_start_only                 # optional: an arm that evaluates each seed's warm start (no RL),
+                                             # then the baseline
 
 Runs: ``DIR/<arm>/s<seed>`` (``python train.py experiment=E seed=S COMMON ARM logger=wandb run_group=PLAN-ARM
 run_name=ARM-sS hydra.run.dir=...``, one at a time; PLAN is the plan file's name): wandb (offline) shows each arm as
@@ -20,7 +22,11 @@ one group, its seeds averaged, the entropy panels of every arm side by side afte
 DIR/*/s*/wandb/*run-*``. A seed's warm start runs once, in ``DIR/warm_start/s<seed>``, which each of the seed's runs
 sees as its own ``warm_start/`` (a link: lightning_epo/runtime/warm_start.py reuses a policy found there). Arms that
 would train different warm starts (an arm that overrides a key the stage inherits, or a prompt setting) are refused
-at start. A run whose checkpoint records it finished is skipped; a stopped one resumes (``ckpt_path=last``). Run the
+at start. The control, where the plan names one, runs after a seed's arms: ``python train.py mode=eval experiment=E
+seed=S COMMON warm_start=null model.name_or_path=DIR/warm_start/s<seed>/policy ...`` (the warm start's policy evaluated
+as the arms' final policies are; its ``eval.json`` and ``eval_episodes.jsonl`` are what the report reads), the
+baseline of every difference. A run whose checkpoint records it finished is skipped (the control: once its episodes
+are recorded); a stopped one resumes (``ckpt_path=last``; a stopped control evaluates again). Run the
 command again after a stop; ``--status`` prints where each run stands, with the finished runs' success, and runs
 nothing.
 

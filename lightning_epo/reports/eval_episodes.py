@@ -13,10 +13,11 @@ from lightning_epo.reports.paired import Pair
 Outcomes = dict[int, tuple[str, bool]]  # place in the validation sample: (task, won)
 
 
-def final_outcomes(run_dir: Path, split: str) -> Outcomes | None:
-    """The episodes of the run's last training evaluation of ``split`` (the largest ``after_rl_steps`` of
-    ``mode: train``; of an evaluation played twice, the last line of each place); None when the run recorded none
-    (no file: a run from before the record, or one whose callback was dropped)."""
+def final_outcomes(run_dir: Path, split: str, mode: str = "train") -> Outcomes | None:
+    """The episodes of the run's last evaluation of ``split`` in ``mode`` (``train``: the largest ``after_rl_steps``
+    of its training's evaluations; ``eval``: a ``mode=eval`` run's; of an evaluation played twice, the last line of
+    each place); None when the run recorded none (no file: a run from before the record, or one whose callback was
+    dropped)."""
     path = Path(run_dir) / layout.EVAL_EPISODES
     if not path.is_file():
         return None
@@ -26,7 +27,7 @@ def final_outcomes(run_dir: Path, split: str) -> Outcomes | None:
             row = json.loads(line)
         except json.JSONDecodeError:
             raise UserError(f"{path}:{number} is not JSON (a run stopped while writing it?): remove the line") from None
-        if row["mode"] == "train" and row["split"] == split:
+        if row["mode"] == mode and row["split"] == split:
             by_step.setdefault(row["after_rl_steps"], {})[row["place"]] = (row["task"], row["won"])
     return by_step[max(by_step)] if by_step else None
 

@@ -3,6 +3,7 @@ once per seed and shared by both arms, a stopped run resumed, finished runs skip
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 import subprocess
@@ -24,10 +25,11 @@ SHRUNK = ["total_steps=2", "test_every=2", "val_at_start=false", "env.val_size=4
           "warm_start.overrides=['total_steps=2','test_every=2','env.val_size=2']"]
 
 
-def write_plan(path, tiny_model_path, arms, contrasts=()):
-    path.write_text(yaml.safe_dump({"experiment": "gridworld_learn", "seeds": [0, 1],
+def write_plan(path, tiny_model_path, arms, contrasts=(), seeds=(0, 1), control=None):
+    path.write_text(yaml.safe_dump({"experiment": "gridworld_learn", "seeds": list(seeds),
                                     "common": [f"model.name_or_path={tiny_model_path}", *SHRUNK], "arms": arms,
-                                    "contrasts": [list(pair) for pair in contrasts]}, sort_keys=False))
+                                    "contrasts": [list(pair) for pair in contrasts], "control": control},
+                                   sort_keys=False))
     return path
 
 
@@ -142,4 +144,40 @@ def test_a_contrast_of_arms_the_plan_lacks_is_refused(tiny_model_path, tmp_path)
     plan_path = write_plan(tmp_path / "plan.yaml", tiny_model_path, {"a": ["algo=ppo"], "b": ["algo=ppo_epo"]},
                            contrasts=[("b", "c")])
     with pytest.raises(UserError, match=r"each contrast is a pair of the plan's arms \(a, b\); got \[\['b', 'c'\]\]"):
+        Plan.read(plan_path)
+
+
+def test_a_control_evaluates_each_seeds_warm_start_after_its_arms_and_is_the_baseline(tiny_model_path, tmp_path):
+    """The control (the warm start's policy evaluated as the arms' final policies are, no RL) runs after the seed's
+    arm that trained the warm start, pairs with it per task, is skipped once its evaluation is recorded."""
+    plan_path = write_plan(tmp_path / "plan.yaml", tiny_model_path, {"ppo_epo": ["algo=ppo_epo"]}, seeds=[0],
+                           control="warm_start_only")
+    out = tmp_path / "cmp"
+    report = compare(plan_path, out).read_text()
+    commands = (out / "commands.txt").read_text().splitlines()
+    assert len(commands) == 2 and f"hydra.run.dir={run_dir(out, 'ppo_epo', 0)}" in commands[0].split()
+    control = commands[1].split()
+    assert {"mode=eval", "warm_start=null", f"model.name_or_path={out / 'warm_start' / 's0' / 'policy'}",
+            f"hydra.run.dir={run_dir(out, 'warm_start_only', 0)}"} <= set(control)
+    assert control.index(f"model.name_or_path={out / 'warm_start' / 's0' / 'policy'}") > control.index(
+        f"model.name_or_path={tiny_model_path}")  # the control's policy, not the common one, is evaluated
+    assert "Baseline: warm_start_only." in report
+    assert "| warm_start_only | the seed's warm start, evaluated (no RL) |" in report
+    for split in ("IID", "OOD"):
+        rows = re.findall(r"\| ppo_epo - warm_start_only \| ([+-]\d\.\d{3}) \|.*\| \[[+-]\d\.\d{3}, [+-]\d\.\d{3}\] "
+                          r"(paired|unpaired) \|", report.split(f"## {split}: paired")[1].split("\n## ")[0])
+        assert len(rows) == 1 and rows[0][1] == "paired", report
+        split_key = split.lower()
+        trained = load_run(run_dir(out, "ppo_epo", 0)).history[f"val/{split_key}/success"][-1][1]
+        evaluated = json.loads((run_dir(out, "warm_start_only", 0) / "eval.json").read_text())
+        evaluated = evaluated[f"val/{split_key}/success"]
+        assert float(rows[0][0]) == pytest.approx(trained - evaluated, abs=5e-4)
+    assert "| 0 | warm_start_only | finished |" in status(Plan.read(plan_path), out)
+    assert compare(plan_path, out).read_text() == report  # nothing runs again
+    assert (out / "commands.txt").read_text().splitlines() == commands
+
+
+def test_a_control_named_as_an_arm_is_refused(tiny_model_path, tmp_path):
+    plan_path = write_plan(tmp_path / "plan.yaml", tiny_model_path, {"a": ["algo=ppo"]}, control="a")
+    with pytest.raises(UserError, match="the control a is also an arm"):
         Plan.read(plan_path)

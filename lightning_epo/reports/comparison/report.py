@@ -3,10 +3,12 @@ docstring of :mod:`lightning_epo.reports.compare`)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from lightning_epo.core import layout
 from lightning_epo.core.errors import UserError
-from lightning_epo.reports.comparison.plan import LOG, TIMINGS, Plan, finished, last_checkpoint, run_dir
+from lightning_epo.reports.comparison.plan import LOG, SPLITS, TIMINGS, Plan, finished, last_checkpoint, run_dir
 from lightning_epo.reports.eval_episodes import final_outcomes, pair_outcomes
 from lightning_epo.reports.paired import POWER, Contrast, contrast_from_pairs, contrast_from_rates, format_interval
 from lightning_epo.reports.plot import mean_band, plot_loaded_runs
@@ -15,7 +17,6 @@ from lightning_epo.reports.summary import Evaluation, score_run
 from lightning_epo.reports.wilson import format_rate
 from lightning_epo.training.checkpoint_io import rl_steps_in
 
-SPLITS = ("iid", "ood")
 PER_STEP = {"entropy/early_turns": "Early-turn entropy (nat)", "entropy/late_turns": "Late-turn entropy (nat)",
             "train/mixed_groups": "Share of groups with mixed outcomes", "train/success": "Training success"}
 FINISHED = "finished"
@@ -42,6 +43,21 @@ def final_success(run: Run, split: str) -> Evaluation:
     return last
 
 
+def evaluated_success(directory: Path, split: str) -> Evaluation:
+    """A ``mode=eval`` run's (the control's) ``val/<split>/success`` and episode count, from its ``eval.json``."""
+    metrics = json.loads((directory / layout.EVAL).read_text())
+    return Evaluation(metrics[f"val/{split}/success"], int(metrics[f"val/{split}/episodes"]))
+
+
+def final_successes(plan: Plan, out: Path, arm: str, seed: int) -> list[Evaluation]:
+    """The run's final success of each split: the control's evaluation, else the last of the run's training."""
+    directory = run_dir(out, arm, seed)
+    if arm == plan.control:
+        return [evaluated_success(directory, split) for split in SPLITS]
+    run = load_run(directory)
+    return [final_success(run, split) for split in SPLITS]
+
+
 def _wins(evaluation: Evaluation) -> int:
     return round(evaluation.success * evaluation.episodes)
 
@@ -50,7 +66,8 @@ def contrast(out: Path, plan: Plan, arm: str, other: str, split: str,
              finals: dict[tuple[str, int, str], Evaluation]) -> Contrast:
     """``arm - other`` over the plan's seeds (:mod:`lightning_epo.reports.paired`): paired per task where every run of
     both arms recorded its final evaluation's episodes (``eval_episodes.jsonl``), else from the runs' rates."""
-    recorded = {(name, seed): final_outcomes(run_dir(out, name, seed), split)
+    modes = {name: "eval" if name == plan.control else "train" for name in (arm, other)}  # the control: mode=eval
+    recorded = {(name, seed): final_outcomes(run_dir(out, name, seed), split, modes[name])
                 for name in (arm, other) for seed in plan.seeds}
     if any(outcomes is None for outcomes in recorded.values()):
         return contrast_from_rates(*([(_wins(finals[name, seed, split]), finals[name, seed, split].episodes)
@@ -65,10 +82,11 @@ def contrast(out: Path, plan: Plan, arm: str, other: str, split: str,
                                               f"{arm} - {other}, seed {seed}, {split}") for seed in plan.seeds])
 
 
-def run_state(out: Path, arm: str, seed: int) -> str:
+def run_state(plan: Plan, out: Path, arm: str, seed: int) -> str:
     """``finished``, ``RL step K checkpointed`` (running, or stopped and resumable), ``started, no RL step
-    checkpointed`` (its warm start or first step running, or stopped there) or ``not started``."""
-    if finished(out, arm, seed):
+    checkpointed`` (its warm start or first step running, or stopped there; the control: its evaluation) or ``not
+    started``."""
+    if finished(plan, out, arm, seed):
         return FINISHED
     last = last_checkpoint(out, arm, seed)
     if last.exists():
@@ -90,12 +108,10 @@ def status(plan: Plan, out: Path) -> str:
     lines = ["| seed | arm | state | wall time | " + " | ".join(f"{s.upper()} success" for s in SPLITS) + " |",
              "|---|---|---|---|" + "---|" * len(SPLITS)]
     for seed in plan.seeds:
-        for arm in plan.arms:
-            cells = [run_state(out, arm, seed), minutes(spent.get((arm, seed)))] + ["-"] * len(SPLITS)
+        for arm in plan.compared:
+            cells = [run_state(plan, out, arm, seed), minutes(spent.get((arm, seed)))] + ["-"] * len(SPLITS)
             if cells[0] == FINISHED:
-                run = load_run(run_dir(out, arm, seed))
-                finals = [final_success(run, split) for split in SPLITS]
-                cells[2:] = [format_rate(_wins(f), f.episodes) for f in finals]
+                cells[2:] = [format_rate(_wins(f), f.episodes) for f in final_successes(plan, out, arm, seed)]
             lines.append(f"| {seed} | {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -128,10 +144,11 @@ PAIRED_CAPTION = (
 
 def report(plan: Plan, out: Path) -> str:
     """The report's markdown (module docstring); draws the figures into ``DIR/figures/<PLAN>``."""
-    arms, baseline = list(plan.arms), next(iter(plan.arms))
-    loaded = {arm: [load_run(run_dir(out, arm, seed), label=arm) for seed in plan.seeds] for arm in arms}
-    finals = {(arm, seed, split): final_success(run, split)
-              for arm in arms for seed, run in zip(plan.seeds, loaded[arm]) for split in SPLITS}
+    arms, baseline = plan.compared, plan.compared[0]
+    loaded = {arm: [load_run(run_dir(out, arm, seed), label=arm) for seed in plan.seeds] for arm in plan.arms}
+    finals = {(arm, seed, split): final
+              for arm in arms for seed in plan.seeds
+              for split, final in zip(SPLITS, final_successes(plan, out, arm, seed))}
     lines = [f"# Comparison: experiment={plan.experiment}, seeds {plan.seeds}", "",
              f"Baseline: {baseline}. Common overrides: {' '.join(plan.common) or 'none'}.", "",
              "## Final success per arm (pooled over seeds, 95 % Wilson interval: evaluation noise only)", "",
@@ -144,7 +161,8 @@ def report(plan: Plan, out: Path) -> str:
         for split in SPLITS:
             runs = [finals[arm, seed, split] for seed in plan.seeds]
             cells.append(format_rate(sum(_wins(f) for f in runs), sum(f.episodes for f in runs)))
-        lines.append(f"| {arm} | {' '.join(plan.arms[arm]) or '-'} | " + " | ".join(cells) + " |")
+        own = "the seed's warm start, evaluated (no RL)" if arm == plan.control else " ".join(plan.arms[arm]) or "-"
+        lines.append(f"| {arm} | {own} | " + " | ".join(cells) + " |")
     pairs = [(arm, baseline) for arm in arms[1:]] + plan.contrasts
     for split in SPLITS:
         lines += ["", f"## {split.upper()}: paired differences (against {baseline}, then the plan's contrasts)", "",
@@ -161,7 +179,7 @@ def report(plan: Plan, out: Path) -> str:
             cells = [f"{d:+.3f}" for d in found.differences] + [f"{sum(found.differences) / len(plan.seeds):+.3f}",
                                                                 *over, noise]
             lines.append(f"| {arm} - {other} | " + " | ".join(cells) + " |")
-    figures = plot_loaded_runs([run for arm in arms for run in loaded[arm]], out / "figures" / plan.name)
+    figures = plot_loaded_runs([run for arm in plan.arms for run in loaded[arm]], out / "figures" / plan.name)
     lines += ["", "## Figures (mean and ±1 std over seeds, per arm)", ""]
     lines += [f"- [{path.name}]({path.relative_to(out)})" for path in figures]
     lines += ["", f"In wandb (offline; groups {plan.name}-<arm>): `wandb sync {out}/*/s*/wandb/*run-*`"]

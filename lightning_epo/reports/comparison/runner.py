@@ -1,5 +1,5 @@
-"""Running a plan's runs one at a time, seed by seed, each seed's warm start shared by its arms (a link), stopped runs
-resumed, finished ones skipped."""
+"""Running a plan's runs one at a time, seed by seed, each seed's warm start shared by its arms (a link) and evaluated
+by its control after them, stopped runs resumed, finished ones skipped."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ def check_shared_warm_starts(plan: Plan, out: Path) -> None:
     for seed in plan.seeds:
         stages = {}
         for arm in plan.arms:
-            cfg = compose_config([*plan.overrides(arm, seed), f"run_dir={run_dir(out, arm, seed)}"])
+            cfg = compose_config([*plan.overrides(arm, seed, out), f"run_dir={run_dir(out, arm, seed)}"])
             if cfg.warm_start is None:
                 raise UserError(f"experiment={plan.experiment} (arm {arm}) has no warm_start: the arms of a seed share "
                                 "its warm start; pick an experiment with one")
-            stages[arm] = stage_overrides(cfg, plan.overrides(arm, seed), out / STAGE_DIR / f"s{seed}")
+            stages[arm] = stage_overrides(cfg, plan.overrides(arm, seed, out), out / STAGE_DIR / f"s{seed}")
         baseline = next(iter(plan.arms))
         differ = [arm for arm, stage in stages.items() if stage != stages[baseline]]
         if differ:
@@ -35,12 +35,13 @@ def check_shared_warm_starts(plan: Plan, out: Path) -> None:
 
 
 def command(plan: Plan, out: Path, arm: str, seed: int, python: str) -> list[str] | None:
-    """The command that runs (or resumes) ``arm`` at ``seed``; None when the run has finished."""
-    if finished(out, arm, seed):
+    """The command that runs (or resumes) ``arm`` at ``seed``; None when the run has finished. The control's
+    evaluation starts again after a stop (it has no checkpoint; its episode records keep the last of each place)."""
+    if finished(plan, out, arm, seed):
         return None
-    resume = ["ckpt_path=last"] if last_checkpoint(out, arm, seed).exists() else []
+    resume = ["ckpt_path=last"] if arm != plan.control and last_checkpoint(out, arm, seed).exists() else []
     directory = run_dir(out, arm, seed)
-    return [python, str(REPO / "train.py"), *plan.overrides(arm, seed), *resume, f"hydra.run.dir={directory}"]
+    return [python, str(REPO / "train.py"), *plan.overrides(arm, seed, out), *resume, f"hydra.run.dir={directory}"]
 
 
 def link_warm_start(out: Path, arm: str, seed: int) -> None:
@@ -54,16 +55,20 @@ def link_warm_start(out: Path, arm: str, seed: int) -> None:
 
 
 def run_all(plan: Plan, out: Path, python: str) -> None:
-    """Every run not finished, seed by seed (a stop leaves every arm with the same seeds), one at a time; the
-    commands go to ``DIR/commands.txt``, each one's start, wall seconds and exit code to ``DIR/timings.tsv``."""
+    """Every run not finished, seed by seed (a stop leaves every arm with the same seeds), one at a time, a seed's
+    control after its arms (the first of which trains the warm start it evaluates); the commands go to
+    ``DIR/commands.txt``, each one's start, wall seconds and exit code to ``DIR/timings.tsv``."""
     with open(out / "commands.txt", "a") as log:
         for seed in plan.seeds:
-            for arm in plan.arms:
+            for arm in [*plan.arms, *([plan.control] if plan.control else [])]:
                 argv = command(plan, out, arm, seed, python)
                 if argv is None:
                     print(f"{arm} s{seed}: finished, skipped", flush=True)
                     continue
-                link_warm_start(out, arm, seed)
+                if arm == plan.control:
+                    run_dir(out, arm, seed).mkdir(parents=True, exist_ok=True)
+                else:
+                    link_warm_start(out, arm, seed)
                 log.write(" ".join(argv) + "\n")
                 log.flush()
                 print(f"{arm} s{seed}: {' '.join(argv[1:])}", flush=True)
