@@ -9,6 +9,7 @@ from pathlib import Path
 from lightning_epo.core import layout
 from lightning_epo.core.errors import UserError
 from lightning_epo.reports.comparison.plan import LOG, SPLITS, TIMINGS, Plan, finished, last_checkpoint, run_dir
+from lightning_epo.reports.comparison.run_measures import measure_lines
 from lightning_epo.reports.eval_episodes import final_outcomes, pair_outcomes
 from lightning_epo.reports.paired import POWER, Contrast, contrast_from_pairs, contrast_from_rates, format_interval
 from lightning_epo.reports.plot import mean_band, plot_loaded_runs
@@ -184,6 +185,9 @@ def report(plan: Plan, out: Path) -> str:
     lines += [f"- [{path.name}]({path.relative_to(out)})" for path in figures]
     lines += ["", f"In wandb (offline; groups {plan.name}-<arm>): `wandb sync {out}/*/s*/wandb/*run-*`"]
     lines += ["", "## Per RL step"] + per_step_tables(loaded)
+    trained = [(arm, other) for arm, other in pairs if plan.control not in (arm, other)]
+    lines += ["", "## Over each run's RL steps (per seed; paired differences over seeds)"]
+    lines += measure_lines(loaded, plan.seeds, trained)
     spent = wall_seconds(out)
     lines += ["", "## Wall time (the commands this tool ran; a seed's first arm includes its warm start)", "",
               "| arm | " + " | ".join(f"s{seed}" for seed in plan.seeds) + " |", "|---|" + "---|" * len(plan.seeds)]
