@@ -89,3 +89,37 @@ def test_a_pilot_of_one_seed_has_its_differences_and_no_interval_over_seeds(tmp_
     plant_run(out, "other", 9, {"iid": wins_of(12), "ood": wins_of(5)})
     (iid,) = rows(report(plan, out), "iid")
     assert iid.startswith("| arm - base | -0.150 | -0.150 | n/a (one seed) | n/a (one seed) | [")
+
+
+def test_a_control_and_the_scores_are_reported_against_it(tmp_path):
+    """The control (``mode=eval``: eval.json and episodes of mode eval) as the baseline: success paired per task,
+    and ScienceWorld's score, per seed the difference of the final mean scores, over seeds the t-interval."""
+    out = tmp_path / "cmp"
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump({"experiment": "e", "seeds": [0, 1, 2], "control": "control",
+                                    "arms": {"arm": ["x=arm"]}}, sort_keys=False))
+    plan = Plan.read(path)
+    for seed, (base, score) in enumerate(((8, 30.0), (10, 35.0), (6, 20.0))):
+        plant_run(out, "arm", seed, {"iid": wins_of(base + 3), "ood": wins_of(base)})
+        metrics = out / "arm" / f"s{seed}" / "csv" / "metrics.csv"
+        header, first, last = metrics.read_text().splitlines()
+        metrics.write_text(f"{header},val/iid/score\n{first},\n{last},{score + 10 + seed}\n")
+        directory = run_dir(out, "control", seed)
+        directory.mkdir(parents=True)
+        (directory / "eval.json").write_text(json.dumps(
+            {f"val/{s}/{m}": v for s in ("iid", "ood") for m, v in
+             (("success", base / TASKS), ("episodes", TASKS), ("score", score))}))
+        (directory / "eval_episodes.jsonl").write_text("".join(
+            json.dumps({"mode": "eval", "after_rl_steps": 0, "split": s, "place": i, "task": f"t{i}", "won": bool(w),
+                        "return": 10.0 * w, "turns": 3, "truncated": False}) + "\n"
+            for s in ("iid", "ood") for i, w in enumerate(wins_of(base))))
+    text = report(plan, out)
+    assert "Baseline: control." in text
+    iid = [line for line in text.split("## IID: paired")[1].split("\n## ")[0].splitlines()
+           if line.startswith("| arm - control |")]
+    assert len(iid) == 1 and iid[0].startswith("| arm - control | +0.150 | +0.150 | +0.150 | +0.150 |")
+    assert iid[0].endswith("paired |")
+    scores = text.split("## Final score")[1].split("### IID: final score")[1].split("###")[0]
+    assert "| control | 30 | 35 | 20 |" in scores and "| arm | 40 | 46 | 32 |" in scores
+    assert "| arm - control | +10 | +11 | +12 | +11 |" in scores
+    assert "### OOD: final score" in text and "| arm | - | - | - |" in text.split("### OOD: final score")[1]

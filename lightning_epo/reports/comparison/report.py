@@ -9,7 +9,7 @@ from pathlib import Path
 from lightning_epo.core import layout
 from lightning_epo.core.errors import UserError
 from lightning_epo.reports.comparison.plan import LOG, SPLITS, TIMINGS, Plan, finished, last_checkpoint, run_dir
-from lightning_epo.reports.comparison.run_measures import measure_lines
+from lightning_epo.reports.comparison.run_measures import difference_lines, measure_lines
 from lightning_epo.reports.eval_episodes import final_outcomes, pair_outcomes
 from lightning_epo.reports.paired import POWER, Contrast, contrast_from_pairs, contrast_from_rates, format_interval
 from lightning_epo.reports.plot import mean_band, plot_loaded_runs
@@ -57,6 +57,16 @@ def final_successes(plan: Plan, out: Path, arm: str, seed: int) -> list[Evaluati
         return [evaluated_success(directory, split) for split in SPLITS]
     run = load_run(directory)
     return [final_success(run, split) for split in SPLITS]
+
+
+def final_score(plan: Plan, out: Path, arm: str, seed: int, split: str) -> float | None:
+    """The run's final ``val/<split>/score`` (the environment's own, where it scores its episodes: ScienceWorld's),
+    the control's from its ``eval.json``; None where the run logged none."""
+    directory, name = run_dir(out, arm, seed), f"val/{split}/score"
+    if arm == plan.control:
+        return json.loads((directory / layout.EVAL).read_text()).get(name)
+    series = load_run(directory).history.get(name)
+    return series[-1][1] if series else None
 
 
 def _wins(evaluation: Evaluation) -> int:
@@ -180,6 +190,10 @@ def report(plan: Plan, out: Path) -> str:
             cells = [f"{d:+.3f}" for d in found.differences] + [f"{sum(found.differences) / len(plan.seeds):+.3f}",
                                                                 *over, noise]
             lines.append(f"| {arm} - {other} | " + " | ".join(cells) + " |")
+    scored = [line for split in SPLITS for line in difference_lines(
+        f"{split.upper()}: final score (`val/{split}/score`, the mean over the split's episodes)",
+        {arm: [final_score(plan, out, arm, seed, split) for seed in plan.seeds] for arm in arms}, plan.seeds, pairs)]
+    lines += ["", "## Final score (the environment's own, where it scores its episodes)", *scored] if scored else []
     figures = plot_loaded_runs([run for arm in plan.arms for run in loaded[arm]], out / "figures" / plan.name)
     lines += ["", "## Figures (mean and ±1 std over seeds, per arm)", ""]
     lines += [f"- [{path.name}]({path.relative_to(out)})" for path in figures]

@@ -45,31 +45,39 @@ def measure(run: Run, metric: str, how: Callable[[Series], float | None]) -> flo
 
 
 def measure_lines(runs: dict[str, list[Run]], seeds: Sequence[int], pairs: Sequence[tuple[str, str]]) -> list[str]:
-    """Markdown: for each of :data:`MEASURES` any run logged, each arm's value per seed (``runs``: ``{arm: [run of
-    each seed]}``), then each pair ``(arm, other)`` of arms that both have it at every seed: the per-seed differences,
-    their mean, and over 2+ seeds the 95 % t-interval and the smallest difference detectable at 80 % power."""
+    """:func:`difference_lines` of each of :data:`MEASURES` any run logged (``runs``: ``{arm: [run of each seed]}``)."""
     lines = []
     for title, (metric, how) in MEASURES.items():
         values = {arm: [measure(run, metric, how) for run in arm_runs] for arm, arm_runs in runs.items()}
-        if all(v is None for row in values.values() for v in row):
-            continue
-        lines += ["", f"### {title}", "", "| arm | " + " | ".join(f"s{seed}" for seed in seeds) + " |",
-                  "|---|" + "---|" * len(seeds)]
-        lines += [f"| {arm} | " + " | ".join("-" if v is None else f"{v:.4g}" for v in row) + " |"
-                  for arm, row in values.items()]
-        known = [(arm, other) for arm, other in pairs
-                 if all(v is not None for v in values.get(arm, [None]) + values.get(other, [None]))]
-        if not known:
-            continue
-        lines += ["", "| arm - other | " + " | ".join(f"s{seed}" for seed in seeds) + " | mean | 95 % t-interval "
-                  f"over seeds | smallest detectable ({POWER * 100:.0f} % power) |", "|---|" + "---|" * (len(seeds) + 3)]
-        for arm, other in known:
-            differences = [a - b for a, b in zip(values[arm], values[other])]
-            if len(differences) > 1:
-                over = seed_interval(differences)
-                tail = [f"[{over.low:+.4g}, {over.high:+.4g}]", f"{over.detectable:.3g}"]
-            else:
-                tail = ["n/a (one seed)"] * 2
-            lines.append(f"| {arm} - {other} | " + " | ".join(f"{d:+.4g}" for d in differences)
-                         + f" | {statistics.fmean(differences):+.4g} | " + " | ".join(tail) + " |")
+        lines += difference_lines(title, values, seeds, pairs)
+    return lines
+
+
+def difference_lines(title: str, values: dict[str, list[float | None]], seeds: Sequence[int],
+                     pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """Markdown under ``title``: each arm's value per seed (``values``: ``{arm: [value of each seed, None where the
+    run has none]}``), then each pair ``(arm, other)`` of arms that both have one at every seed: the per-seed
+    differences, their mean, and over 2+ seeds the 95 % t-interval and the smallest difference detectable at 80 %
+    power. Nothing where no run has a value."""
+    if all(v is None for row in values.values() for v in row):
+        return []
+    lines = ["", f"### {title}", "", "| arm | " + " | ".join(f"s{seed}" for seed in seeds) + " |",
+             "|---|" + "---|" * len(seeds)]
+    lines += [f"| {arm} | " + " | ".join("-" if v is None else f"{v:.4g}" for v in row) + " |"
+              for arm, row in values.items()]
+    known = [(arm, other) for arm, other in pairs
+             if all(v is not None for v in values.get(arm, [None]) + values.get(other, [None]))]
+    if not known:
+        return lines
+    lines += ["", "| arm - other | " + " | ".join(f"s{seed}" for seed in seeds) + " | mean | 95 % t-interval "
+              f"over seeds | smallest detectable ({POWER * 100:.0f} % power) |", "|---|" + "---|" * (len(seeds) + 3)]
+    for arm, other in known:
+        differences = [a - b for a, b in zip(values[arm], values[other])]
+        if len(differences) > 1:
+            over = seed_interval(differences)
+            tail = [f"[{over.low:+.4g}, {over.high:+.4g}]", f"{over.detectable:.3g}"]
+        else:
+            tail = ["n/a (one seed)"] * 2
+        lines.append(f"| {arm} - {other} | " + " | ".join(f"{d:+.4g}" for d in differences)
+                     + f" | {statistics.fmean(differences):+.4g} | " + " | ".join(tail) + " |")
     return lines
