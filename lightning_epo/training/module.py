@@ -229,8 +229,7 @@ class EPOModule(L.LightningModule):
 
     def _micro_batches(self, batch: RolloutBatch, groups: list[torch.Tensor]) -> list[list[torch.Tensor]]:
         return plan_micro_batches(batch, groups, self.algo.micro_batch_size, self.algo.get("micro_batch_tokens"),
-                                  self.model_cfg.get("fold_turns", False), self._reduce,
-                                  bool(self.algo.get("batch_by_episode")))
+                                  self.model_cfg.get("fold_turns", False), self._reduce, self.algo.batch_by_episode)
 
     def _sharing(self, mb: RolloutBatch) -> Sharing:
         zero3 = self._trainer is not None and zero_stage(self.trainer.strategy) == 3
