@@ -69,8 +69,8 @@ class RolloutBatch:
         size after :meth:`select`'s trim is at most ``budget`` tokens (a row longer than ``budget`` forms a
         micro-batch of its own). The size is rows x their longest row, or, where the rows' first ``prefix`` tokens
         are alike and computed once (``model.shared_prefix``), ``prefix + rows x (longest - prefix)``
-        (``models/shared_prefix.py``: ``Sharing.decoder_positions``). Sorting puts rows of similar length together, so little of each
-        micro-batch is padding. Returns index tensors that together hold every row of ``rows`` once."""
+        (``Sharing.decoder_positions``, models/shared_prefix.py). Sorting puts rows of similar length together, so
+        little of each micro-batch is padding. Returns index tensors that together hold every row of ``rows`` once."""
         lengths = self.attention_mask[rows].sum(-1)
         order = lengths.argsort(descending=True, stable=True)
         longest_first = lengths[order].tolist()

@@ -50,22 +50,23 @@ def evaluated_success(directory: Path, split: str) -> Evaluation:
     return Evaluation(metrics[f"val/{split}/success"], int(metrics[f"val/{split}/episodes"]))
 
 
-def final_successes(plan: Plan, out: Path, arm: str, seed: int) -> list[Evaluation]:
-    """The run's final success of each split: the control's evaluation, else the last of the run's training."""
+def final_successes(plan: Plan, out: Path, arm: str, seed: int, run: Run | None = None) -> list[Evaluation]:
+    """The run's final success of each split: the control's evaluation, else the last of the run's training (from
+    ``run``, the run already loaded, where given)."""
     directory = run_dir(out, arm, seed)
     if arm == plan.control:
         return [evaluated_success(directory, split) for split in SPLITS]
-    run = load_run(directory)
+    run = run or load_run(directory)
     return [final_success(run, split) for split in SPLITS]
 
 
-def final_score(plan: Plan, out: Path, arm: str, seed: int, split: str) -> float | None:
-    """The run's final ``val/<split>/score`` (the environment's own, where it scores its episodes: ScienceWorld's),
-    the control's from its ``eval.json``; None where the run logged none."""
-    directory, name = run_dir(out, arm, seed), f"val/{split}/score"
+def final_score(plan: Plan, out: Path, arm: str, seed: int, split: str, run: Run | None) -> float | None:
+    """The run's final ``val/<split>/score`` (the environment's own, where it scores its episodes: ScienceWorld's):
+    the control's from its ``eval.json``, else the last of ``run``'s (loaded); None where the run logged none."""
+    name = f"val/{split}/score"
     if arm == plan.control:
-        return json.loads((directory / layout.EVAL).read_text()).get(name)
-    series = load_run(directory).history.get(name)
+        return json.loads((run_dir(out, arm, seed) / layout.EVAL).read_text()).get(name)
+    series = run.history.get(name)
     return series[-1][1] if series else None
 
 
@@ -157,9 +158,10 @@ def report(plan: Plan, out: Path) -> str:
     """The report's markdown (module docstring); draws the figures into ``DIR/figures/<PLAN>``."""
     arms, baseline = plan.compared, plan.compared[0]
     loaded = {arm: [load_run(run_dir(out, arm, seed), label=arm) for seed in plan.seeds] for arm in plan.arms}
+    run_of = {(arm, seed): run for arm, runs in loaded.items() for seed, run in zip(plan.seeds, runs)}  # None: control
     finals = {(arm, seed, split): final
               for arm in arms for seed in plan.seeds
-              for split, final in zip(SPLITS, final_successes(plan, out, arm, seed))}
+              for split, final in zip(SPLITS, final_successes(plan, out, arm, seed, run_of.get((arm, seed))))}
     lines = [f"# Comparison: experiment={plan.experiment}, seeds {plan.seeds}", "",
              f"Baseline: {baseline}. Common overrides: {' '.join(plan.common) or 'none'}.", "",
              "## Final success per arm (pooled over seeds, 95 % Wilson interval: evaluation noise only)", "",
@@ -192,7 +194,8 @@ def report(plan: Plan, out: Path) -> str:
             lines.append(f"| {arm} - {other} | " + " | ".join(cells) + " |")
     scored = [line for split in SPLITS for line in difference_lines(
         f"{split.upper()}: final score (`val/{split}/score`, the mean over the split's episodes)",
-        {arm: [final_score(plan, out, arm, seed, split) for seed in plan.seeds] for arm in arms}, plan.seeds, pairs)]
+        {arm: [final_score(plan, out, arm, seed, split, run_of.get((arm, seed))) for seed in plan.seeds]
+         for arm in arms}, plan.seeds, pairs)]
     lines += ["", "## Final score (the environment's own, where it scores its episodes)", *scored] if scored else []
     figures = plot_loaded_runs([run for arm in plan.arms for run in loaded[arm]], out / "figures" / plan.name)
     lines += ["", "## Figures (mean and ±1 std over seeds, per arm)", ""]
