@@ -5,6 +5,7 @@ ROLLOUT_MEANS = (  # per rank over its episodes, averaged over ranks
     "train/reward", "train/success", "train/turns", "train/invalid_action_rate", "train/format_error_rate",
     "train/mixed_groups",
     "perf/rollout_s", "perf/gen_s", "perf/env_s", "perf/gen_tokens_per_s", "perf/env_steps_per_s",
+    "perf/prefix_cache_share",  # only from an engine with a prefix cache (vLLM)
 )
 # the rest of the RL step, timed by the module and the callbacks (lightning_epo/training/step_clock.py): perf/<part>_s
 STEP_PARTS = ("old_logprob", "values", "ref_logprob", "update", "weight_sync", "checkpoint")

@@ -57,8 +57,9 @@ class Rollout:
     """The episodes of one ``collect`` call (in task order) and its counters.
 
     ``stats``: ``env_s`` (seconds in env reset/step), ``gen_s`` (seconds generating), ``gen_tokens``
-    (generated tokens), ``env_steps`` (actions sent to environments), ``env_failures`` (failed
-    resets/steps).
+    (generated tokens), ``prompt_tokens`` (the prompts' tokens), ``env_steps`` (actions sent to environments),
+    ``env_failures`` (failed resets/steps); with an engine that has a prefix cache, ``cached_prompt_tokens`` (the
+    prompt tokens it served from the cache: :attr:`Generation.cached_prompt_tokens`).
     """
 
     episodes: list[Episode]
@@ -117,7 +118,7 @@ class EpisodeCollector:
         included); ``should_stop`` is asked before every turn, and a True raises :class:`CollectionStopped`."""
         if len(tasks) != len(group_ids):
             raise ValueError(f"collect got {len(tasks)} tasks but {len(group_ids)} group ids; pass one per task")
-        stats = dict(env_s=0.0, gen_s=0.0, gen_tokens=0.0, env_steps=0.0, env_failures=0.0)
+        stats = dict(env_s=0.0, gen_s=0.0, gen_tokens=0.0, prompt_tokens=0.0, env_steps=0.0, env_failures=0.0)
         episodes: list[Episode | None] = [None] * len(tasks)
         waiting = deque(range(len(tasks)))
         running: list[_Running] = []
@@ -180,6 +181,10 @@ class EpisodeCollector:
         if len(generations) != len(running):
             raise RuntimeError(f"engine returned {len(generations)} generations for {len(running)} prompts")
         stats["gen_tokens"] += sum(len(g.token_ids) for g in generations)
+        stats["prompt_tokens"] += sum(len(p) for p in prompts)
+        cached = [g.cached_prompt_tokens for g in generations if g.cached_prompt_tokens is not None]
+        if cached:
+            stats["cached_prompt_tokens"] = stats.get("cached_prompt_tokens", 0.0) + sum(cached)
 
         samples = [self._sample(r, p, g) for r, p, g in zip(running, prompts, generations)]
         stepping = [i for i, s in enumerate(samples) if s.action is not None]

@@ -7,7 +7,7 @@ import logging
 import random
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import lightning as L
@@ -29,11 +29,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class EvalBatch:
-    """Finished evaluation episodes of one split on this rank, and the seconds their collection took."""
+    """Finished evaluation episodes of one split on this rank, the seconds their collection took and its counters
+    (:class:`~lightning_epo.rollout.collector.Rollout`'s ``stats``)."""
 
     split: str
     episodes: list
     wall_s: float = 0.0
+    stats: dict[str, float] = field(default_factory=dict)
 
 
 TASK_ORDERS = ("random", "shuffled")  # data.task_order
@@ -263,12 +265,12 @@ class RolloutDataModule(L.LightningDataModule):
         progress = EvalProgress(split, len(tasks), self.sampler.step, self.eval_listeners if rank == 0 else [],
                                 log_every_s=30.0 if rank == 0 else float("inf"))
         with evaluation_seeded(self.seed, self.sampler.step, split, rank):
-            episodes = self.val_collector.collect(
+            rollout = self.val_collector.collect(
                 tasks, list(range(len(tasks))), self.val_sampling, on_turn=progress.turn_done,
                 should_stop=self._preempted,
-            ).episodes
+            )
         self.val_engine.release_memory()
-        return EvalBatch(split, episodes, wall_s=time.perf_counter() - start)
+        return EvalBatch(split, rollout.episodes, wall_s=time.perf_counter() - start, stats=rollout.stats)
 
     def _preempted(self) -> bool:
         """Whether a preemption signal arrived (lightning_epo/runtime/preemption.py sets Lightning's flag): an

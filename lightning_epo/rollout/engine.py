@@ -44,12 +44,15 @@ class Generation:
     (what the trainer recomputes as the old policy's); None from an engine that samples from no policy (the expert).
     ``learned=False`` marks a response that is played but must not be trained on (a noisy expert's
     exploratory action: DART learns the expert's answers at the states the noise leads to, not the noise).
+    ``cached_prompt_tokens``: how many of the prompt's tokens the engine's prefix cache served (their KV blocks
+    reused, not computed); None from an engine without a prefix cache (hf, the expert).
     """
 
     token_ids: list[int]
     logprobs: list[float] | None
     finish_reason: str
     learned: bool = True
+    cached_prompt_tokens: int | None = None
 
 
 class GenerationEngine(abc.ABC):

@@ -39,7 +39,9 @@ in its own process, so weights pass by reference:
   ``gpu_memory_utilization`` as a share of the host's RAM.
 - Prefix caching reuses whole KV blocks only. vLLM's CPU default of 128 tokens a block cached no prompt prefix
   shorter than that (SmolLM2's gridworld prompts: 156 tokens, the first 65 alike), so on CPU a block holds
-  ``block_size`` tokens (32 unless set: vLLM's CPU kernels want multiples of 32); GPU keeps vLLM's own.
+  ``block_size`` tokens (32 unless set: vLLM's CPU kernels want multiples of 32); GPU keeps vLLM's own. Each
+  generation carries its request's ``num_cached_tokens``, logged as the share of prompt tokens the cache served
+  (``perf/prefix_cache_share`` per RL step, ``perf/eval_prefix_cache_share`` per evaluation).
 - Start-up on CPU: vLLM compiles the model with torch.compile at every start. Its own AOT cache cannot load on CPU
   (vllm-project/vllm#45447: "'function' object has no attribute 'finalize_loading'", then a full compile, 87-100 s
   for SmolLM2 on a 2-core CPU), so the engine turns it off there (``VLLM_USE_AOT_COMPILE=0`` unless set): torch's
@@ -160,13 +162,14 @@ def engine_stop_ids(tokenizer: Any, source: str, extra: list[int] | None) -> lis
     return stop_token_ids(tokenizer, config_eos, extra)
 
 
-def to_generation(completion: Any) -> Generation:
-    """A vLLM ``CompletionOutput`` (``token_ids``, per-token ``logprobs`` dicts, ``finish_reason``) as a Generation."""
+def to_generation(completion: Any, cached_prompt_tokens: int | None = None) -> Generation:
+    """A vLLM ``CompletionOutput`` (``token_ids``, per-token ``logprobs`` dicts, ``finish_reason``) as a Generation;
+    ``cached_prompt_tokens``: its ``RequestOutput.num_cached_tokens`` (the prompt tokens the prefix cache served)."""
     token_ids = [int(t) for t in completion.token_ids]
     logprobs = [float(step[t].logprob) for step, t in zip(completion.logprobs, token_ids)]
     if completion.finish_reason not in ("stop", "length"):
         raise RuntimeError(f"vLLM finished a response with {completion.finish_reason!r}; expected 'stop' or 'length'")
-    return Generation(token_ids, logprobs, completion.finish_reason)
+    return Generation(token_ids, logprobs, completion.finish_reason, cached_prompt_tokens=cached_prompt_tokens)
 
 
 class VLLMEngine(GenerationEngine):
@@ -308,7 +311,7 @@ class VLLMEngine(GenerationEngine):
         )
         requests = [self.vllm.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
-        return [to_generation(out.outputs[0]) for out in outputs]
+        return [to_generation(out.outputs[0], out.num_cached_tokens) for out in outputs]
 
     def close(self) -> None:
         """Shut the engine down now, not whenever the garbage collector reaches it. vLLM's shutdown destroys the

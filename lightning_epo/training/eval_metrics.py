@@ -13,6 +13,9 @@ import torchmetrics
 
 from lightning_epo.core.metric_names import EVAL_EPISODES, TASK_METRICS, VAL_METRICS, VAL_SCORE, VAL_TASK
 from lightning_epo.rollout.datamodule import EvalBatch
+from lightning_epo.rollout.progress_log import prefix_cache_share
+
+PROMPT_COUNTS = ("prompt_tokens", "cached_prompt_tokens")  # a collection's counters the cache share is made of
 
 
 class Totals(torchmetrics.Metric):
@@ -34,7 +37,8 @@ class Totals(torchmetrics.Metric):
 
 class EvalMetrics(torch.nn.ModuleDict):
     """``<split>_<name>`` for every split and :data:`VAL_METRICS` name, and ``<split>_episodes``; ``seconds``: the
-    running evaluation's collection time on this rank, summed over its splits (``perf/eval_s``).
+    running evaluation's collection time on this rank, summed over its splits (``perf/eval_s``); ``prompts``: its
+    prompt tokens and those the engine's prefix cache served, on this rank (``perf/eval_prefix_cache_share``).
 
     ``scored``: the episodes carry the environment's score (``Episode.score``), ``val/<split>/score`` is its mean, a
     negative score (ScienceWorld's failed task, -100) counted as 0. ``tasks``: task names (``Episode.task_name``) whose
@@ -50,12 +54,15 @@ class EvalMetrics(torch.nn.ModuleDict):
             # [episodes, wins, scored episodes, score sum] per split and group, summed over batches and ranks
             **{_totals_key(split, group): Totals() for split in splits for group in groups if group or scored},
         })
-        self.seconds = 0.0
+        self.seconds, self.prompts = 0.0, {}
 
     def add(self, batch: EvalBatch) -> dict[str, torchmetrics.Metric]:
         """Add ``batch``'s finished episodes; returns its split's metrics by their logged names."""
         split = batch.split
         self.seconds += batch.wall_s
+        for name in PROMPT_COUNTS:
+            if name in batch.stats:
+                self.prompts[name] = self.prompts.get(name, 0.0) + batch.stats[name]
         self[f"{split}_episodes"].update(float(len(batch.episodes)))
         for ep in batch.episodes:
             self[f"{split}_success"].update(float(ep.won))
@@ -98,13 +105,15 @@ class EvalMetrics(torch.nn.ModuleDict):
 
     def closing(self, rl_step: int, logged: bool) -> dict[str, float]:
         """What the evaluation after ``rl_step`` RL steps logs at its end: ``perf/eval_s`` (every split's collection
-        time on this rank: ranks play their shares at once) and, where loggers write it (``logged``), the ``step``
+        time on this rank: ranks play their shares at once), ``perf/eval_prefix_cache_share`` (this rank's, with an
+        engine that has a prefix cache) and, where loggers write it (``logged``), the ``step``
         it is logged at: the index of the RL step it follows (0 before the first), Lightning's own for an evaluation
         inside ``fit``, which an evaluation that a resumed run plays before ``fit`` (lightning_epo/runtime/run.py)
         must be given (Lightning's count restarts at 0 there); and the score and per-task metrics (:meth:`totals`,
         summed over ranks here: a collective)."""
         step = {"step": float(max(rl_step - 1, 0))} if logged else {}
-        return {"perf/eval_s": self.seconds} | self.totals(self.splits) | step
+        cache = prefix_cache_share(self.prompts, "perf/eval_prefix_cache_share")
+        return {"perf/eval_s": self.seconds} | cache | self.totals(self.splits) | step
 
     def restart(self, device: torch.device) -> None:
         """Fresh states for the next evaluation, made in its grad mode (a ``trainer.validate`` before ``fit`` leaves
@@ -113,7 +122,7 @@ class EvalMetrics(torch.nn.ModuleDict):
         self.to(device)
         for metric in self.values():
             metric.reset()
-        self.seconds = 0.0
+        self.seconds, self.prompts = 0.0, {}
 
 
 def _totals_key(split: str, group: str) -> str:

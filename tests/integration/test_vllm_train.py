@@ -36,6 +36,7 @@ def test_two_rl_steps_with_the_vllm_config_as_it_is(compose_cfg, tmp_path):
     assert ckpt["rl_state"]["rl_step"] == 2
     assert torch.isfinite(torch.tensor(metrics["loss/total"])) and metrics["perf/gen_tokens_per_s"] > 0
     assert metrics["train/sampler_logprob_gap"] <= TOLERANCES["float32"][0]  # step 2 sampled the pushed update
+    assert 0 < metrics["perf/prefix_cache_share"] < 1  # the prompts' shared instruction, not their observations
 
 
 def test_a_weight_push_that_does_not_arrive_shows_in_the_log_prob_gap(compose_cfg, monkeypatch):
@@ -137,6 +138,7 @@ def test_the_real_model_recipe_generates_with_vllm_from_its_warm_start(compose_c
     assert (tmp_path / "run" / "warm_start" / "policy" / "config.json").is_file()
     assert any(k.startswith("actor.") and "lora_" in k for k in ckpt["state_dict"])  # RL trained adapters
     assert {"val/iid/success", "val/ood/success"} <= metrics.keys() and metrics["perf/gen_tokens_per_s"] > 0
+    assert 0 < metrics["perf/eval_prefix_cache_share"] < 1
 
 
 def test_rl_on_the_warm_starts_engine_logs_what_it_logs_on_its_own(compose_cfg, tiny_model_path, tmp_path,

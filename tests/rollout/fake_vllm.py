@@ -45,8 +45,9 @@ class FakeLLM:
     def generate(self, requests, sampling_params, use_tqdm):
         self.calls.append("generate")
         self.last_params = sampling_params
-        return [
-            SimpleNamespace(outputs=[completion([5, 7, 2], [-0.5, -1.5, -0.1], "stop")]) for _ in requests
+        return [  # the prefix cache served each prompt's first token
+            SimpleNamespace(outputs=[completion([5, 7, 2], [-0.5, -1.5, -0.1], "stop")], num_cached_tokens=1)
+            for _ in requests
         ]
 
 

@@ -81,11 +81,13 @@ class ScriptedPool(EnvPool):
 class ScriptedEngine(GenerationEngine):
     """Answers with a per-task script of response texts (the last entry repeats); records batch sizes.
 
-    A script entry ``(text, "length")`` returns that text as a length-truncated response."""
+    A script entry ``(text, "length")`` returns that text as a length-truncated response. ``cached``: a prefix
+    cache that serves each prompt's first ``cached`` tokens (None: no cache)."""
 
-    def __init__(self, tokenizer, scripts: dict[str, list]):
+    def __init__(self, tokenizer, scripts: dict[str, list], cached: int | None = None):
         self.tokenizer = tokenizer
         self.scripts = scripts
+        self.cached = cached
         self.turns: dict[str, int] = defaultdict(int)
         self.batch_sizes: list[int] = []
         self.prompts: list[list[int]] = []
@@ -94,7 +96,7 @@ class ScriptedEngine(GenerationEngine):
         self.batch_sizes.append(len(prompts))
         self.prompts.extend(prompts)
         generations = []
-        for info in infos:
+        for prompt, info in zip(prompts, infos):
             script = self.scripts[info["task"]]
             entry = script[min(self.turns[info["task"]], len(script) - 1)]
             self.turns[info["task"]] += 1
@@ -102,7 +104,8 @@ class ScriptedEngine(GenerationEngine):
             ids = self.tokenizer.encode(text, add_special_tokens=False)
             if reason == "stop":
                 ids.append(self.tokenizer.eos_token_id)
-            generations.append(Generation(ids, [-1.0] * len(ids), reason))
+            cached = None if self.cached is None else min(self.cached, len(prompt))
+            generations.append(Generation(ids, [-1.0] * len(ids), reason, cached_prompt_tokens=cached))
         return generations
 
 
@@ -133,6 +136,21 @@ def test_turn_rewards_penalties_and_episode_summary(tokenizer):
     assert rollout.stats["env_steps"] == 3 and rollout.stats["env_failures"] == 0
     assert rollout.stats["gen_tokens"] == sum(len(t.response_ids) for t in episode.turns)
     assert rollout.stats["env_s"] >= 0 and rollout.stats["gen_s"] >= 0
+
+
+def test_prompt_tokens_and_the_share_a_prefix_cache_served_are_counted(tokenizer):
+    scripts = {"task a": ["<action>good</action>"], "task b": ["<action>bad</action>", "<action>good</action>"]}
+    tasks = [Task("train", "a", 2), Task("train", "b", 1)]
+    engine = ScriptedEngine(tokenizer, scripts, cached=16)
+    rollout = _collect(tokenizer, ScriptedPool(size=2), engine, tasks)
+    prompt_tokens = sum(len(p) for p in engine.prompts)
+    assert len(engine.prompts) == 4 and rollout.stats["prompt_tokens"] == prompt_tokens
+    assert rollout.stats["cached_prompt_tokens"] == 4 * 16
+    assert rollout_stats(rollout, wall_s=1.0)["perf/prefix_cache_share"] == pytest.approx(64 / prompt_tokens)
+
+    uncached = _collect(tokenizer, ScriptedPool(size=2), ScriptedEngine(tokenizer, scripts), tasks)
+    assert uncached.stats["prompt_tokens"] == prompt_tokens and "cached_prompt_tokens" not in uncached.stats
+    assert "perf/prefix_cache_share" not in rollout_stats(uncached, wall_s=1.0)  # no cache: no share, not a 0
 
 
 def test_invalid_action_penalty_is_configurable(tokenizer):

@@ -21,3 +21,13 @@ def test_rollout_metrics_are_named_in_the_one_table():
     stats = dict(gen_s=1.0, gen_tokens=10.0, env_s=1.0, env_steps=4.0, env_failures=0.0)
     names = set(rollout_stats(Rollout(episodes, stats), wall_s=2.0))
     assert names <= set(ROLLOUT_MEANS + ROLLOUT_COUNTS), names - set(ROLLOUT_MEANS + ROLLOUT_COUNTS)
+
+
+def test_with_a_prefix_cache_the_line_says_the_share_of_prompt_tokens_it_served():
+    episodes = [Episode(0, 0, "t", won=True, episode_return=10.0)]
+    stats = dict(gen_s=1.0, gen_tokens=10.0, prompt_tokens=400.0, cached_prompt_tokens=324.0, env_s=1.0,
+                 env_steps=4.0, env_failures=0.0)
+    rollout = Rollout(episodes, stats)
+    metrics = rollout_stats(rollout, wall_s=2.0)
+    assert metrics["perf/prefix_cache_share"] == 0.81
+    assert "(gen 1.0 s, 10 tokens, prompts 81 % cached; env 1.0 s" in rollout_done_line(0, rollout, metrics)

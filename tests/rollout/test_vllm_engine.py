@@ -185,6 +185,7 @@ def test_sampling_params_token_prompts_and_stop_ids(fake_vllm, tiny_model_path, 
     assert params.detokenize is False  # token in, token out
     assert [g.token_ids for g in out] == [[5, 7, 2], [5, 7, 2]]
     assert out[0].logprobs == [-0.5, -1.5, -0.1] and out[0].finish_reason == "stop"
+    assert [g.cached_prompt_tokens for g in out] == [1, 1]  # each request's num_cached_tokens
 
 
 def test_to_generation_reads_the_sampled_tokens_logprob_and_rejects_aborts():
@@ -279,9 +280,8 @@ def test_prompts_sharing_a_prefix_reuse_its_kv_blocks_and_compute_the_same(vllm_
     engine.sync_weights(actor)
     engine.generate([first], SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=1))
     block_size = engine.llm.llm_engine.vllm_config.cache_config.block_size
-    params = engine.vllm.SamplingParams(max_tokens=1, detokenize=False)
-    (output,) = engine.llm.generate([engine.vllm.TokensPrompt(prompt_token_ids=second)], params, use_tqdm=False)
-    assert block_size <= 70 and output.num_cached_tokens == 70 // block_size * block_size, (block_size, output)
+    (output,) = engine.generate([second], SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=1))
+    assert block_size <= 70 and output.cached_prompt_tokens == 70 // block_size * block_size, (block_size, output)
     _, diff = sample_and_compare(engine, actor, [second], max_new_tokens=16)
     assert diff.max() <= TOL, diff.max()
 

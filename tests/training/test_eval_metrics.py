@@ -44,3 +44,15 @@ def test_a_new_evaluation_starts_from_zero():
     metrics.restart(torch.device("cpu"))
     metrics.add(EvalBatch("iid", [_episode(0, "a", False, 0.0)]))
     assert metrics.totals(["iid"]) == {"val/iid/score": 0.0, "val/iid/task/a/success": 0.0, "val/iid/task/a/score": 0.0}
+
+
+def test_the_share_of_prompt_tokens_the_prefix_cache_served_is_over_every_split():
+    metrics = EvalMetrics(["iid", "ood"])
+    metrics.add(EvalBatch("iid", [_episode(0, "a", True, None)], stats={"prompt_tokens": 300.0,
+                                                                         "cached_prompt_tokens": 100.0}))
+    metrics.add(EvalBatch("ood", [_episode(1, "a", False, None)], stats={"prompt_tokens": 100.0,
+                                                                         "cached_prompt_tokens": 100.0}))
+    assert metrics.closing(rl_step=0, logged=False)["perf/eval_prefix_cache_share"] == pytest.approx(0.5)
+    uncached = EvalMetrics(["iid"])
+    uncached.add(EvalBatch("iid", [_episode(0, "a", True, None)], stats={"prompt_tokens": 300.0}))
+    assert "perf/eval_prefix_cache_share" not in uncached.closing(rl_step=0, logged=False)
