@@ -28,7 +28,7 @@ as the arms' final policies are; its ``eval.json`` and ``eval_episodes.jsonl`` a
 baseline of every difference. A run whose checkpoint records it finished is skipped (the control: once its episodes
 are recorded); a stopped one resumes (``ckpt_path=last``; a stopped control evaluates again). Run the
 command again after a stop; ``--status`` prints where each run stands, with the finished runs' success, and runs
-nothing.
+nothing; ``--seeds 0`` runs and reports only those of the plan's seeds (a rule read on seed 0 before the others run).
 
 The report (``DIR/report-<PLAN>.md``, and the figures in ``DIR/figures/<PLAN>``: plans may share a folder, and with it
 their seeds' warm starts): per arm the final evaluation's success (the last ``val/<split>/success`` of each run), pooled
@@ -53,9 +53,11 @@ from lightning_epo.reports.comparison.report import report, status
 from lightning_epo.reports.comparison.runner import check_shared_warm_starts, run_all
 
 
-def compare(plan_path: Path, out: Path, python: str = sys.executable) -> Path:
-    """Run what is missing of the comparison in ``plan_path`` and write its report; returns the report's path."""
+def compare(plan_path: Path, out: Path, python: str = sys.executable, seeds: list[int] | None = None) -> Path:
+    """Run what is missing of the comparison in ``plan_path`` (of its ``seeds`` only, where given) and write its
+    report; returns the report's path."""
     plan = Plan.read(plan_path)
+    plan = plan if seeds is None else plan.with_seeds(seeds)
     out.mkdir(parents=True, exist_ok=True)
     check_shared_warm_starts(plan, out)
     run_all(plan, out, python)
@@ -71,12 +73,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--python", default=sys.executable, help="the interpreter of the runs")
     parser.add_argument("--status", action="store_true",
                         help="print where each run stands (and the finished ones' success), run nothing")
+    parser.add_argument("--seeds", type=int, nargs="+",
+                        help="run (and report) only these of the plan's seeds: a pause the plan's rule asks for")
     args = parser.parse_args(argv)
     try:
         if args.status:
-            print(status(Plan.read(args.plan), args.out), end="")
+            plan = Plan.read(args.plan)
+            print(status(plan if args.seeds is None else plan.with_seeds(args.seeds), args.out), end="")
             return
-        print(f"wrote {compare(args.plan, args.out, args.python)}")
+        print(f"wrote {compare(args.plan, args.out, args.python, args.seeds)}")
     except UserError as exc:
         exit_with_error(exc)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -53,6 +53,15 @@ class Plan:
         return cls(path.stem, str(data["experiment"]), [int(s) for s in data["seeds"]], list(data.get("common") or []),
                    {str(name): list(overrides or []) for name, overrides in data["arms"].items()},
                    [(arm, other) for arm, other in pairs], control)
+
+    def with_seeds(self, seeds: list[int]) -> Plan:
+        """The plan limited to ``seeds`` (``--seeds``: a pre-registered pause after the first seeds, e.g. a rule read
+        on seed 0 before the others run); a seed the plan lacks is refused."""
+        unknown = sorted(set(seeds) - set(self.seeds))
+        if unknown:
+            raise UserError(f"--seeds {' '.join(map(str, unknown))}: not a seed of the plan {self.name} "
+                            f"(its seeds: {' '.join(map(str, self.seeds))})")
+        return replace(self, seeds=[seed for seed in self.seeds if seed in seeds])
 
     @property
     def compared(self) -> list[str]:
