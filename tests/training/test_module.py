@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 import hydra
 import lightning as L
@@ -13,6 +12,7 @@ from torch.utils.data import DataLoader
 
 from lightning_epo.callbacks import BetaSchedule, EntropyWindow
 from lightning_epo.rollout.batch import collate_episodes
+from lightning_epo.rollout.datamodule import EvalBatch
 from lightning_epo.rollout.episode import Episode, TurnSample
 
 
@@ -192,7 +192,7 @@ def test_evaluation_logs_the_invalid_action_share_and_the_answer_length_per_turn
                           action_valid=valid, format_ok=format_ok)
     episodes = [Episode(0, 0, "task", turns=[turn(4, False, format_ok=False), turn(6, True), turn(8, False)]),
                 Episode(1, 1, "task", turns=[turn(2, True)])]
-    module.validation_step(SimpleNamespace(split="iid", episodes=episodes, wall_s=0.0), 0)
+    module.validation_step(EvalBatch("iid", episodes), 0)
     assert float(logged["val/iid/invalid_action_rate"].compute()) == pytest.approx(2 / 4)
     assert float(logged["val/iid/format_error_rate"].compute()) == pytest.approx(1 / 4)
     assert float(logged["val/iid/response_tokens"].compute()) == pytest.approx((4 + 6 + 8 + 2) / 4)
@@ -204,10 +204,9 @@ def test_evaluation_logs_the_episode_count_of_each_split_summed_over_its_batches
     loggers: the count each success rate's 95 % interval is over (lightning_epo/reports/summary.py)."""
     module = hydra.utils.instantiate(compose_cfg("algo=ppo_epo").module)
 
-    def batch(split: str, episodes: int) -> SimpleNamespace:
+    def batch(split: str, episodes: int) -> EvalBatch:
         turn = TurnSample(prompt_ids=[1], response_ids=[2], traj_id=0, turn_idx=0, group_id=0)
-        return SimpleNamespace(split=split, episodes=[Episode(i, i, "task", turns=[turn]) for i in range(episodes)],
-                               wall_s=0.0)
+        return EvalBatch(split, [Episode(i, i, "task", turns=[turn]) for i in range(episodes)])
 
     trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
     batches = [batch("iid", 3), batch("iid", 2), batch("ood", 4)]
