@@ -1,5 +1,7 @@
 """The rollout-phase log line."""
 
+import pytest
+
 from lightning_epo.core.metric_names import ROLLOUT_COUNTS, ROLLOUT_MEANS
 from lightning_epo.rollout.collector import Rollout
 from lightning_epo.rollout.episode import Episode
@@ -29,5 +31,5 @@ def test_with_a_prefix_cache_the_line_says_the_share_of_prompt_tokens_it_served(
                  env_steps=4.0, env_failures=0.0)
     rollout = Rollout(episodes, stats)
     metrics = rollout_stats(rollout, wall_s=2.0)
-    assert metrics["perf/prefix_cache_share"] == 0.81
+    assert metrics["perf/prefix_cache_share"] == pytest.approx(0.81)
     assert "(gen 1.0 s, 10 tokens, prompts 81 % cached; env 1.0 s" in rollout_done_line(0, rollout, metrics)
