@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import hydra
 from hydra.errors import InstantiationException
@@ -32,7 +31,7 @@ def main(cfg: DictConfig) -> None:
 
     setup_console()  # each line once, without the libraries' known-harmless messages
     try:
-        with Preemption(Path(cfg.run_dir) / "checkpoints"):  # SIGTERM / Ctrl+C: stop after the current RL step, exit 143 / 130
+        with Preemption(cfg.run_dir):  # SIGTERM / Ctrl+C: stop after the current RL step, exit 143 / 130
             run(cfg)
     except Exception as exc:  # one clear line for bad input; a stack trace for everything else
         user_error = _user_error(exc)

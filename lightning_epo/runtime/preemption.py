@@ -24,6 +24,7 @@ import signal
 from pathlib import Path
 from types import FrameType, TracebackType
 
+from lightning_epo.core import layout
 from lightning_epo.training.checkpoint_io import newest_checkpoint
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,10 @@ class Preemption:
     """Context manager around a whole run (``train.py``): turns SIGTERM / SIGINT into a checkpointed stop and
     the exit status 128 + the signal's number (see the module docstring). ``signum``: the first signal received."""
 
-    def __init__(self, checkpoints: str | Path | None = None) -> None:
-        """``checkpoints``: the run's checkpoint directory, so that a stop advises a resume only where one exists."""
-        self.checkpoints = checkpoints
+    def __init__(self, run_dir: str | Path | None = None) -> None:
+        """``run_dir``: the run's directory, so that a stop advises a resume only where a checkpoint exists (the
+        run's, or its warm start's: RUN_DIR/warm_start/checkpoints)."""
+        self.run_dir = None if run_dir is None else Path(run_dir)
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
 
@@ -53,10 +55,20 @@ class Preemption:
             signal.signal(signum, handler)
         if exc is not None and self.signum is not None:
             name = signal.Signals(self.signum).name
-            advice = "resume with ckpt_path=last" if newest_checkpoint(self.checkpoints) is not None else \
-                "no checkpoint was written yet (stopped before the first RL step ended): start the run again"
-            log.warning("stopped by %s (exit status %d): %s", name, 128 + self.signum, advice)
+            log.warning("stopped by %s (exit status %d): %s", name, 128 + self.signum, self._advice())
             raise SystemExit(128 + self.signum) from exc
+
+    def _advice(self) -> str:
+        """What resumes the stopped run: its ``last.ckpt``, else its warm start's checkpoint, else nothing."""
+        if self.run_dir is None:
+            return "no checkpoint was written (the run has no directory): start the run again"
+        if newest_checkpoint(self.run_dir / layout.CHECKPOINTS) is not None:
+            return "resume with ckpt_path=last"
+        stage = newest_checkpoint(self.run_dir / layout.WARM_START / layout.CHECKPOINTS)
+        if stage is not None:
+            return (f"the warm start resumes from {stage} when the same command runs again (the same "
+                    "hydra.run.dir, no ckpt_path: the RL stage has no checkpoint yet)")
+        return "no checkpoint was written yet (stopped before the first step ended): start the run again"
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """First signal: ask the running trainer to stop after its current step, or stop now when none runs.

@@ -103,7 +103,7 @@ def test_a_sigterm_after_the_checkpoint_hook_looked_still_saves_that_step(tiny_m
 
     monkeypatch.setattr(EPOModule, "on_train_batch_end", then_sigterm)
     run_dir = tmp_path / "preempted"
-    with pytest.raises(SystemExit) as stop, Preemption(run_dir / "checkpoints"):
+    with pytest.raises(SystemExit) as stop, Preemption(run_dir):
         run(compose_cfg(*ARGS, f"run_dir={run_dir}"))
     assert stop.value.code == 128 + signal.SIGTERM
     assert checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == 3
@@ -188,24 +188,27 @@ def test_slurm_requeue_signal_still_reaches_lightning_inside_preemption(monkeypa
             trainer._signal_connector.teardown()
 
 
-@pytest.mark.parametrize("checkpointed", [True, False])
-def test_the_stop_advises_a_resume_only_where_a_checkpoint_exists(tmp_path, caplog, checkpointed):
+@pytest.mark.parametrize("saved", ["run", "warm_start", "nothing"])
+def test_the_stop_advises_what_resumes_where_a_checkpoint_exists(tmp_path, caplog, saved):
     """A SIGTERM during the evaluation before the first step (val_at_start) stopped a run that had saved nothing, and
-    "resume with ckpt_path=last" then failed: with no checkpoint the advice is to start again."""
+    "resume with ckpt_path=last" then failed: with no checkpoint the advice is to start again. A stop inside a warm
+    start (8 of its 10 SFT steps checkpointed in RUN_DIR/warm_start/checkpoints) said "no checkpoint was written yet":
+    the same command resumes that stage from its checkpoint, and the line says so."""
     from lightning_epo.runtime.preemption import Preemption
 
-    checkpoints = tmp_path / "checkpoints"
-    if checkpointed:
-        checkpoints.mkdir()
-        (checkpoints / "last.ckpt").write_bytes(b"")
-    stop = Preemption(checkpoints)
+    where = {"run": tmp_path / "checkpoints", "warm_start": tmp_path / "warm_start" / "checkpoints"}.get(saved)
+    if where is not None:
+        where.mkdir(parents=True)
+        (where / "last.ckpt").write_bytes(b"")
+    stop = Preemption(tmp_path)
     stop.signum = signal.SIGTERM
     with pytest.raises(SystemExit) as exit_info:
         stop.__exit__(SystemExit, SystemExit(), None)
     assert exit_info.value.code == 143
     (line,) = [r.getMessage() for r in caplog.records if "stopped by SIGTERM" in r.getMessage()]
-    assert ("resume with ckpt_path=last" in line) == checkpointed
-    assert ("start the run again" in line) == (not checkpointed)
+    assert ("resume with ckpt_path=last" in line) == (saved == "run")
+    assert ("the warm start resumes from" in line and str(where) in line) == (saved == "warm_start")
+    assert ("start the run again" in line) == (saved == "nothing")
 
 
 # An evaluation that lasts well beyond the signal's delay (0.2 s): the random tiny model never wins, so each of a
@@ -259,7 +262,7 @@ def test_a_sigterm_after_the_first_evaluations_last_turn_still_stops_the_run(tin
         os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(SuccessReport, "on_validation_end", then_sigterm)
-    with pytest.raises(SystemExit) as stop, Preemption(tmp_path / "checkpoints"):
+    with pytest.raises(SystemExit) as stop, Preemption(tmp_path):
         run(compose_cfg(*ARGS, "val_at_start=true", f"run_dir={tmp_path}"))
     assert stop.value.code == 128 + signal.SIGTERM
     assert completed_steps(tmp_path) == 0 and not (tmp_path / "checkpoints" / "last.ckpt").exists()
