@@ -90,6 +90,18 @@ def test_every_results_row_is_short_and_keeps_its_date_and_its_link():
         assert "faster" not in row, f"a speed-up where the table writes time ratios: {row[:80]}"
 
 
+def test_the_readme_lists_every_option_of_each_config_group():
+    """Its table of groups (``| `env` | `gridworld`, ... |``) is where a user finds what to type: a config file of a
+    group that the row leaves out (smollm2_sciworld, the ScienceWorld recipe, was missing) is an option unseen."""
+    rows = re.findall(r"^\| `(\w+)` \| (.*) \|$", README.read_text(encoding="utf-8"), re.MULTILINE)
+    groups = {group: set(re.findall(r"`([\w.\-]+)`", options)) for group, options in rows
+              if (ROOT / "conf" / group).is_dir()}
+    assert {"env", "algo", "model", "experiment"} <= groups.keys(), groups.keys()
+    for group, listed in groups.items():
+        files = {path.stem for path in (ROOT / "conf" / group).glob("*.yaml")}
+        assert files <= listed, f"the README's {group} row lacks {sorted(files - listed)}"
+
+
 def test_the_readme_says_once_which_ratio_it_writes():
     assert README.read_text(encoding="utf-8").count("Ratios are time ratios") == 1
 
