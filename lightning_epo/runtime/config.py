@@ -489,11 +489,6 @@ def check_machine(cfg: DictConfig) -> None:
     if bf16_on_cpu and not cpu_computes_bf16():
         log.warning("trainer.precision=%s on a CPU without AVX-512 BF16 or AMX: bf16 matrix products are emulated, "
                     "far slower than float32 here; trainer.precision=32-true is faster", trainer.precision)
-    elif bf16_on_cpu and cfg.mode == "train" and cfg.model.get("attn_implementation") in (None, "sdpa"):
-        log.warning("trainer.precision=%s with model.attn_implementation=%s on CPU: torch's CPU attention kernel "
-                    "in bf16 (its backward above all) costs most of what bf16 saves; model.attn_implementation=eager "
-                    "makes the update faster (benchmarks/RESULTS.md section 20)", trainer.precision,
-                    cfg.model.get("attn_implementation"))
 
 
 def check_prompt_room(cfg: DictConfig) -> None:

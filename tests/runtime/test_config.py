@@ -118,6 +118,21 @@ def test_a_run_without_the_weight_sync_is_refused_at_start(compose_cfg):
         validate(compose_cfg("~callbacks.weight_sync"))
 
 
+@pytest.mark.parametrize(("native", "precision"), [(True, "bf16-mixed"), (False, "32-true")])
+@pytest.mark.parametrize("experiment", ["smollm2_sciworld", "smollm2_sciworld_sft"])
+def test_the_smollm2_sciworld_recipe_keeps_sdpa_attention_in_bf16(compose_cfg, monkeypatch, experiment, native,
+                                                                   precision):
+    """Eager attention (the gridworld recipe's in bf16) on ScienceWorld's rows of 600-1,060 tokens: the warm start of
+    16 gold paths a step was killed for memory in its 9th step (19.9 GB resident of 23.5) on a native-bf16 CPU; a
+    micro-batch of 5 rows of 1,000 tokens peaks at 13.3 GB with eager, 7.3 with sdpa, in bf16
+    (benchmarks/attention_cpu.py). The recipe trains in bf16 where the CPU computes it, with sdpa attention."""
+    from lightning_epo.runtime import config
+
+    monkeypatch.setattr(config, "cpu_computes_bf16", lambda: native)
+    cfg = compose_cfg(f"experiment={experiment}")
+    assert (cfg.trainer.precision, cfg.model.attn_implementation) == (precision, "sdpa")
+
+
 @pytest.mark.parametrize(("native", "expected"), [(True, ("bf16-mixed", "eager", "bfloat16")),
                                                   (False, ("32-true", "sdpa", "float32"))])
 @pytest.mark.parametrize("experiment", ["smollm2_gridworld", "smollm2_gridworld_sft"])

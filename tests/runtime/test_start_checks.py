@@ -171,20 +171,3 @@ def test_bf16_on_a_cpu_that_emulates_it_is_said(compose_cfg, caplog, monkeypatch
     with caplog.at_level(logging.WARNING, logger=config.__name__):
         check_machine(compose_cfg(f"trainer.precision={precision}"))
     assert ("bf16 matrix products are emulated" in caplog.text) == warned
-
-
-@pytest.mark.parametrize(("overrides", "warned"), [
-    (["trainer.precision=bf16-mixed"], True),
-    (["trainer.precision=bf16-mixed", "model.attn_implementation=null"], True),
-    (["trainer.precision=bf16-mixed", "model.attn_implementation=eager"], False),
-    (["trainer.precision=bf16-mixed", "mode=eval"], False),
-    (["trainer.precision=32-true"], False),
-])
-def test_bf16_training_with_sdpa_attention_on_cpu_is_told_eager_is_faster(compose_cfg, caplog, monkeypatch, overrides,
-                                                                          warned):
-    """Under bf16 autocast torch's CPU attention kernel took most of what bf16 saved in SmolLM2's update, eager
-    attention not (benchmarks/RESULTS.md section 20): a bf16 training run with sdpa on a native-bf16 CPU is told."""
-    monkeypatch.setattr(config, "cpu_computes_bf16", lambda: True)
-    with caplog.at_level(logging.WARNING, logger=config.__name__):
-        check_machine(compose_cfg(*overrides))
-    assert ("model.attn_implementation=eager makes the update faster" in caplog.text) == warned
