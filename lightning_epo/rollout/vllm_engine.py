@@ -64,6 +64,7 @@ from typing import Any
 import torch
 
 from lightning_epo.core.errors import UserError
+from lightning_epo.core.log_filters import silence
 from lightning_epo.core.seeding import global_rng_kept
 from lightning_epo.models.loading import model_source
 from lightning_epo.models.weights import hf_weights
@@ -88,20 +89,6 @@ HARMLESS_VLLM_WARNINGS = {
 }
 
 
-class _HarmlessWarning(logging.Filter):
-    """Drops one logger's records whose message starts with ``start``."""
-
-    def __init__(self, start: str) -> None:
-        super().__init__()
-        self.start = start
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.start)
-
-
-_HARMLESS_FILTERS = {name: _HarmlessWarning(start) for name, start in HARMLESS_VLLM_WARNINGS.items()}
-
-
 def import_vllm() -> Any:
     """The ``vllm`` module (with ``vllm.platforms``, which says what vLLM runs on; its known-harmless start-up
     warnings silenced), or a :class:`UserError` naming the install command."""
@@ -110,8 +97,8 @@ def import_vllm() -> Any:
         import vllm.platforms  # noqa: F401
     except ImportError as exc:
         raise UserError(VLLM_MISSING) from exc
-    for name, harmless in _HARMLESS_FILTERS.items():
-        logging.getLogger(name).addFilter(harmless)  # once: a logger holds a filter once
+    for name, start in HARMLESS_VLLM_WARNINGS.items():
+        silence(name, start)
     return vllm
 
 

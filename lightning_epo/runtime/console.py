@@ -12,6 +12,7 @@ import transformers
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_epo.callbacks.success_report import SuccessReport
+from lightning_epo.core.log_filters import silence
 
 # Lightning's warnings that this project's design triggers on purpose (messages as Lightning 2.6 words them).
 HARMLESS_LIGHTNING_WARNINGS = (
@@ -37,9 +38,7 @@ def setup_console() -> None:
     # Lightning 2.6's own pytree helper builds torch's deprecated LeafSpec; nothing to change on this side, and the
     # result is the same until torch removes the class (the pinned torch has it).
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)`", category=FutureWarning)
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
-        lambda record: not record.getMessage().startswith(LITLOGGER_TIP)
-    )
+    silence("lightning.pytorch.utilities.rank_zero", LITLOGGER_TIP)
     # transformers draws a "Loading weights" bar for each model it loads (actor, critic): local weights load in
     # seconds, and redirected to a file each bar is a run of carriage returns. Hub downloads keep huggingface_hub's.
     transformers.utils.logging.disable_progress_bar()
