@@ -29,6 +29,9 @@ baseline of every difference. A run whose checkpoint records it finished is skip
 are recorded); a stopped one resumes (``ckpt_path=last``; a stopped control evaluates again). Run the
 command again after a stop; ``--status`` prints where each run stands, with the finished runs' success, and runs
 nothing; ``--seeds 0`` runs and reports only those of the plan's seeds (a rule read on seed 0 before the others run).
+With ``--keep RECORDS`` (a folder committed with the repository, e.g. ``docs/records/PLAN``) every seed whose runs
+have all finished is kept there, without checkpoints, and copied back into ``DIR`` at the next start, where it counts
+as finished: a comparison spread over sessions whose ``DIR`` does not survive (:mod:`.comparison.records`).
 
 The report (``DIR/report-<PLAN>.md``, and the figures in ``DIR/figures/<PLAN>``: plans may share a folder, and with it
 their seeds' warm starts): per arm the final evaluation's success (the last ``val/<split>/success`` of each run), pooled
@@ -49,18 +52,28 @@ from pathlib import Path
 
 from lightning_epo.core.errors import UserError, exit_with_error
 from lightning_epo.reports.comparison.plan import Plan
+from lightning_epo.reports.comparison.records import keep_finished, restore_kept
 from lightning_epo.reports.comparison.report import report, status
 from lightning_epo.reports.comparison.runner import check_shared_warm_starts, run_all
 
 
-def compare(plan_path: Path, out: Path, python: str = sys.executable, seeds: list[int] | None = None) -> Path:
+def compare(plan_path: Path, out: Path, python: str = sys.executable, seeds: list[int] | None = None,
+            keep: Path | None = None) -> Path:
     """Run what is missing of the comparison in ``plan_path`` (of its ``seeds`` only, where given) and write its
-    report; returns the report's path."""
+    report; returns the report's path. With ``keep``, finished seeds are kept there (also when a run fails) and
+    the seeds kept there are copied back first."""
     plan = Plan.read(plan_path)
     plan = plan if seeds is None else plan.with_seeds(seeds)
     out.mkdir(parents=True, exist_ok=True)
     check_shared_warm_starts(plan, out)
-    run_all(plan, out, python)
+    if keep:
+        for seed in restore_kept(plan, out, keep):
+            print(f"seed {seed}: its finished runs copied back from {keep}", flush=True)
+    try:
+        run_all(plan, out, python)
+    finally:
+        for seed in keep_finished(plan, out, keep) if keep else []:
+            print(f"seed {seed}: its finished runs kept in {keep} (commit them)", flush=True)
     path = out / f"report-{plan.name}.md"
     path.write_text(report(plan, out))
     return path
@@ -75,13 +88,19 @@ def main(argv: list[str] | None = None) -> None:
                         help="print where each run stands (and the finished ones' success), run nothing")
     parser.add_argument("--seeds", type=int, nargs="+",
                         help="run (and report) only these of the plan's seeds: a pause the plan's rule asks for")
+    parser.add_argument("--keep", type=Path, metavar="RECORDS",
+                        help="keep every finished seed's records in this folder (commit it) and copy them back at the "
+                             "next start: for a DIR that does not survive the session")
     args = parser.parse_args(argv)
     try:
         if args.status:
             plan = Plan.read(args.plan)
-            print(status(plan if args.seeds is None else plan.with_seeds(args.seeds), args.out), end="")
+            plan = plan if args.seeds is None else plan.with_seeds(args.seeds)
+            if args.keep:
+                restore_kept(plan, args.out, args.keep)
+            print(status(plan, args.out), end="")
             return
-        print(f"wrote {compare(args.plan, args.out, args.python, args.seeds)}")
+        print(f"wrote {compare(args.plan, args.out, args.python, args.seeds, args.keep)}")
     except UserError as exc:
         exit_with_error(exc)
 

@@ -17,6 +17,8 @@ from lightning_epo.training.checkpoint_io import finished_steps_in
 LOG = "compare.log"  # DIR/<arm>/s<seed>/compare.log: the output of the run's commands
 SPLITS = ("iid", "ood")  # the evaluation splits a comparison reports
 TIMINGS = "timings.tsv"  # DIR/timings.tsv: arm, seed, start, wall seconds, exit code of each command run
+COMMANDS = "commands.txt"  # DIR/commands.txt: every command run, one a line
+KEPT = "kept"  # DIR/<arm>/s<seed>/kept: a finished run copied back from --keep's records (no checkpoint)
 
 
 @dataclass
@@ -88,7 +90,10 @@ def last_checkpoint(out: Path, arm: str, seed: int) -> Path:
 
 def finished(plan: Plan, out: Path, arm: str, seed: int) -> bool:
     """Whether the run finished: its checkpoint records it, or for the control, its evaluation wrote ``eval.json``
-    and recorded every split's episodes (``eval_episodes.jsonl``)."""
+    and recorded every split's episodes (``eval_episodes.jsonl``); or it was copied back from kept records
+    (:mod:`~lightning_epo.reports.comparison.records`)."""
+    if (run_dir(out, arm, seed) / KEPT).is_file():
+        return True
     if arm == plan.control:
         directory = run_dir(out, arm, seed)
         return (directory / layout.EVAL).is_file() and all(

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from lightning_epo.core import layout
 from lightning_epo.core.errors import UserError
-from lightning_epo.reports.comparison.plan import LOG, SPLITS, TIMINGS, Plan, finished, last_checkpoint, run_dir
+from lightning_epo.reports.comparison.plan import (COMMANDS, LOG, SPLITS, TIMINGS, Plan, finished, last_checkpoint,
+                                                   run_dir)
 from lightning_epo.reports.comparison.run_measures import difference_lines, measure_lines
 from lightning_epo.reports.eval_episodes import final_outcomes, pair_outcomes
 from lightning_epo.reports.paired import POWER, Contrast, contrast_from_pairs, contrast_from_rates, format_interval
@@ -210,7 +211,7 @@ def report(plan: Plan, out: Path) -> str:
               "| arm | " + " | ".join(f"s{seed}" for seed in plan.seeds) + " |", "|---|" + "---|" * len(plan.seeds)]
     lines += [f"| {arm} | " + " | ".join(minutes(spent.get((arm, seed))) for seed in plan.seeds) + " |" for arm in arms]
     lines += ["", f"All runs: {minutes(sum(spent.get((arm, seed), 0.0) for arm in arms for seed in plan.seeds))}."]
-    commands = out / "commands.txt"
+    commands = out / COMMANDS
     ran = commands.read_text().splitlines() if commands.exists() else []
     ours = {f"hydra.run.dir={run_dir(out, arm, seed)}" for arm in arms for seed in plan.seeds}
     lines += ["", "## Commands", "", "```", *(line for line in ran if ours & set(line.split())), "```"]

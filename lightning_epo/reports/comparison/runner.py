@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 
 from lightning_epo.core.errors import UserError
-from lightning_epo.reports.comparison.plan import LOG, TIMINGS, Plan, finished, last_checkpoint, run_dir
+from lightning_epo.reports.comparison.plan import COMMANDS, LOG, TIMINGS, Plan, finished, last_checkpoint, run_dir
 from lightning_epo.runtime.warm_start import STAGE_DIR, compose_config, stage_overrides
 
 REPO = Path(__file__).resolve().parents[3]
@@ -58,7 +58,7 @@ def run_all(plan: Plan, out: Path, python: str) -> None:
     """Every run not finished, seed by seed (a stop leaves every arm with the same seeds), one at a time, a seed's
     control after its arms (the first of which trains the warm start it evaluates); the commands go to
     ``DIR/commands.txt``, each one's start, wall seconds and exit code to ``DIR/timings.tsv``."""
-    with open(out / "commands.txt", "a") as log:
+    with open(out / COMMANDS, "a") as log:
         for seed in plan.seeds:
             for arm in [*plan.arms, *([plan.control] if plan.control else [])]:
                 argv = command(plan, out, arm, seed, python)

@@ -1,0 +1,106 @@
+"""A comparison's finished seeds kept where a fresh checkout finds them (``--keep DIR``, a folder committed with the
+repository, e.g. ``docs/records/<PLAN>``): for a comparison spread over sessions whose ``--out`` does not survive.
+
+A seed is kept once every run of it has finished (its arms and its control): per run the files the report reads and
+none of the checkpoints (``.hydra/``'s config and overrides, ``eval.json``, ``eval_episodes.jsonl``,
+``turn_entropy.jsonl``, the metric history as ``csv/metrics.csv`` whichever logger wrote it), the seed's warm start's
+config and history (for the record: nothing reads them back), and the seed's lines of ``timings.tsv`` and
+``commands.txt``. At the next start the kept runs missing from ``--out`` are copied back into it, each marked
+``kept`` (finished: :func:`~lightning_epo.reports.comparison.plan.finished`), so they are skipped, not rerun, and the
+report reads them as the runs of this session.
+"""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+
+from lightning_epo.core import layout
+from lightning_epo.reports.comparison.plan import COMMANDS, KEPT, TIMINGS, Plan, finished, run_dir
+from lightning_epo.reports.run_history import load_history
+from lightning_epo.runtime.warm_start import STAGE_DIR
+
+RECORDS = (".hydra/config.yaml", ".hydra/overrides.yaml", layout.EVAL, layout.EVAL_EPISODES, layout.TURN_ENTROPY)
+
+
+def keep_finished(plan: Plan, out: Path, keep: Path) -> list[int]:
+    """Copy every seed of ``plan`` whose runs have all finished in ``out`` and that ``keep`` lacks into ``keep``;
+    returns the seeds copied."""
+    kept = []
+    for seed in plan.seeds:
+        if all((keep / arm / f"s{seed}").exists() for arm in plan.compared):
+            continue
+        if not all(finished(plan, out, arm, seed) for arm in plan.compared):
+            continue
+        for arm in plan.compared:
+            _copy_run(run_dir(out, arm, seed), keep / arm / f"s{seed}", history=arm != plan.control)
+        stage = out / STAGE_DIR / f"s{seed}"
+        if stage.is_dir():
+            _copy_run(stage, keep / STAGE_DIR / f"s{seed}", history=True)
+        _append_lines(out, keep, plan, seed)
+        kept.append(seed)
+    return kept
+
+
+def restore_kept(plan: Plan, out: Path, keep: Path) -> list[int]:
+    """Copy the seeds of ``plan`` kept in ``keep`` whose runs ``out`` lacks back into ``out``, each run marked
+    ``kept``; returns the seeds restored. A seed already (partly) in ``out`` is left alone."""
+    restored = []
+    for seed in plan.seeds:
+        kept = [keep / arm / f"s{seed}" for arm in plan.compared]
+        if not all(path.is_dir() for path in kept) or any(run_dir(out, arm, seed).exists() for arm in plan.compared):
+            continue
+        for arm, source in zip(plan.compared, kept):
+            shutil.copytree(source, run_dir(out, arm, seed))
+            (run_dir(out, arm, seed) / KEPT).write_text(f"restored from {source}\n")
+        _append_lines(keep, out, plan, seed)
+        restored.append(seed)
+    return restored
+
+
+def _copy_run(source: Path, target: Path, history: bool) -> None:
+    """The record files of the run directory ``source`` (and its metric history as a csv) into ``target``."""
+    for name in RECORDS:
+        if (source / name).is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source / name, target / name)
+    if history:
+        write_history_csv(load_history(source), target / layout.CSV_METRICS)
+    target.mkdir(parents=True, exist_ok=True)
+
+
+def write_history_csv(history: dict[str, list[tuple[int, float]]], path: Path) -> None:
+    """``{metric: [(rl_step, value)]}`` as Lightning's CSVLogger writes it (a ``step`` column, one row a step), which
+    :func:`~lightning_epo.reports.run_history.load_history` reads back value for value (``repr`` of each float)."""
+    steps = sorted({step for series in history.values() for step, _ in series})
+    table = {step: {} for step in steps}
+    for name, series in history.items():
+        for step, value in series:
+            table[step][name] = repr(value)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=["step", *sorted(history)])
+        writer.writeheader()
+        writer.writerows({"step": step, **table[step]} for step in steps)
+
+
+def _append_lines(source: Path, target: Path, plan: Plan, seed: int) -> None:
+    """The seed's lines of ``source``'s timings and commands appended to ``target``'s (those it lacks)."""
+    runs = {(arm, f"s{seed}") for arm in plan.compared}
+
+    def of_seed(name: str, line: str) -> bool:
+        if name == TIMINGS:  # arm, seed, start, wall seconds, exit code
+            arm, line_seed = line.split("\t")[:2]
+            return (arm, f"s{line_seed}") in runs
+        return any(word.startswith("hydra.run.dir=") and Path(word.split("=", 1)[1]).parts[-2:] in runs
+                   for word in line.split())
+
+    for name in (TIMINGS, COMMANDS):
+        lines = (source / name).read_text().splitlines() if (source / name).is_file() else []
+        present = set((target / name).read_text().splitlines()) if (target / name).is_file() else set()
+        new = [line for line in lines if of_seed(name, line) and line not in present]
+        if new:
+            target.mkdir(parents=True, exist_ok=True)
+            with open(target / name, "a") as file:
+                file.write("".join(line + "\n" for line in new))

@@ -1,0 +1,95 @@
+"""``--keep``: a comparison's finished seeds kept without checkpoints and copied back into a fresh ``--out`` (a new
+checkout), where they count as finished, are not rerun, and report as they did; an unfinished seed is not kept."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import torch
+import yaml
+
+from lightning_epo.reports.comparison.plan import Plan, finished, run_dir
+from lightning_epo.reports.comparison.records import keep_finished, restore_kept, write_history_csv
+from lightning_epo.reports.comparison.report import report
+from lightning_epo.reports.compare import compare
+from lightning_epo.reports.run_history import load_history
+from tests.reports.test_comparison_report import plant_run, wins_of
+
+ARMS = {"grpo": ["algo=grpo"], "epo": ["algo=grpo_epo"]}  # real overrides: compare() composes every run's config
+
+
+def plan_at(tmp_path, seeds):
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump({"experiment": "smollm2_gridworld", "seeds": seeds, "control": "control",
+                                    "arms": ARMS}, sort_keys=False))
+    return path, Plan.read(path)
+
+
+def plant_finished(out, seed, wins, arm_finished=True):
+    """The seed's two arms (a checkpoint written after their last step, as Lightning's closes the epoch), its
+    control (eval.json and its episodes), its warm start, and their lines of timings.tsv and commands.txt."""
+    for arm in ARMS:
+        plant_run(out, arm, seed, {"iid": wins_of(wins[arm]), "ood": wins_of(wins[arm])})
+        (run_dir(out, arm, seed) / "checkpoints").mkdir()
+        if arm_finished or arm == "grpo":
+            torch.save({"loops": {"fit_loop": {"epoch_progress": {"current": {"completed": 1}}}},
+                        "rl_state": {"rl_step": 2}}, run_dir(out, arm, seed) / "checkpoints" / "last.ckpt")
+    control = run_dir(out, "control", seed)
+    control.mkdir(parents=True)
+    (control / "eval.json").write_text(json.dumps({f"val/{s}/{m}": v for s in ("iid", "ood")
+                                                   for m, v in (("success", 5 / 20), ("episodes", 20))}))
+    (control / "eval_episodes.jsonl").write_text("".join(
+        json.dumps({"mode": "eval", "after_rl_steps": 0, "split": s, "place": i, "task": f"t{i}", "won": bool(w),
+                    "return": 0.0, "turns": 3, "truncated": False}) + "\n"
+        for s in ("iid", "ood") for i, w in enumerate(wins_of(5))))
+    plant_run(out, "warm_start", seed, {"iid": wins_of(1), "ood": wins_of(1)})  # DIR/warm_start/s<seed>: a run
+    with open(out / "timings.tsv", "a") as timings, open(out / "commands.txt", "a") as commands:
+        for arm in (*ARMS, "control"):
+            timings.write(f"{arm}\t{seed}\t2026-12-02T04:23:0{seed}\t{60.0 * (seed + 1)}\t0\n")
+            commands.write(f"python train.py seed={seed} hydra.run.dir={run_dir(out, arm, seed)}\n")
+
+
+def test_a_finished_seed_is_kept_without_checkpoints_and_restored_into_a_fresh_out_as_finished(tmp_path):
+    out, keep = tmp_path / "outputs" / "cmp", tmp_path / "docs" / "records" / "plan"
+    _, plan = plan_at(tmp_path, [0, 1])
+    plant_finished(out, 0, {"grpo": 6, "epo": 9})
+    plant_finished(out, 1, {"grpo": 7, "epo": 8}, arm_finished=False)  # epo s1 stopped mid-run: seed 1 unfinished
+    before = report(plan.with_seeds([0]), out)
+
+    assert keep_finished(plan, out, keep) == [0]
+    assert keep_finished(plan, out, keep) == []  # kept once
+    assert sorted(p.name for p in keep.iterdir()) == ["commands.txt", "control", "epo", "grpo", "timings.tsv",
+                                                       "warm_start"]
+    assert not list(keep.rglob("*.ckpt")) and not (keep / "grpo" / "s1").exists()
+    assert (keep / "warm_start" / "s0" / "csv" / "metrics.csv").is_file()
+    assert [line.split("\t")[:2] for line in (keep / "timings.tsv").read_text().splitlines()] == [
+        ["grpo", "0"], ["epo", "0"], ["control", "0"]]
+    assert len((keep / "commands.txt").read_text().splitlines()) == 3
+
+    shutil.rmtree(out)  # the next session's checkout: the same --out, empty
+    assert restore_kept(plan, out, keep) == [0]
+    assert all(finished(plan, out, arm, 0) for arm in plan.compared)
+    assert not any(finished(plan, out, arm, 1) for arm in plan.compared)
+    assert report(plan.with_seeds([0]), out) == before  # the same tables, wall times and commands
+    assert restore_kept(plan, out, keep) == []  # a seed already in --out is left alone
+
+
+def test_compare_with_keep_skips_the_kept_seeds_of_a_fresh_out_and_reports_them(tmp_path, capsys):
+    out, keep = tmp_path / "outputs" / "cmp", tmp_path / "records"
+    path, plan = plan_at(tmp_path, [0])
+    plant_finished(out, 0, {"grpo": 6, "epo": 9})
+    assert keep_finished(plan, out, keep) == [0]
+    shutil.rmtree(out)
+    written = compare(path, out, python="/nonexistent/python", keep=keep)  # nothing to run: no interpreter needed
+    printed = capsys.readouterr().out
+    assert f"seed 0: its finished runs copied back from {keep}" in printed
+    assert all(f"{arm} s0: finished, skipped" in printed for arm in plan.compared)
+    assert "| epo - control | +0.200 |" in written.read_text()
+
+
+def test_the_kept_history_reads_back_value_for_value(tmp_path):
+    history = {"train/success": [(0, 0.1 + 0.2), (3, 1 / 3)], "val/iid/success": [(3, 1e-17)],
+               "loss/entropy": [(1, -2.5e-06), (2, 123456.789012345)]}
+    write_history_csv(history, tmp_path / "csv" / "metrics.csv")
+    assert load_history(tmp_path) == history
