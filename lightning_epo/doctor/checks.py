@@ -298,7 +298,7 @@ def check_memory(cfg: DictConfig, shape: Shape) -> tuple[Line, float]:
         result = type(result)({k: v * world for k, v in result.parts.items()}, capacity)
         scope = f"{world} processes"
     checkpoint = (result.parts["weights"] + result.parts["optimizer"]) * (world if wants_gpu else 1)
-    detail = f"{scope}: {result.describe()} (estimate, at most; {_count(shape.parameters)} parameters)"
+    detail = f"{scope}: {result.describe()} (an estimate, not a bound; {_count(shape.parameters)} parameters)"
     if not result.fits:
         return Line(FAIL if gpu or not wants_gpu else WARN, "memory",
                     f"{detail}: does not fit: try model.lora.r=8, model.gradient_checkpointing=true, a smaller "

@@ -16,7 +16,9 @@ Per parameter, for ``P`` parameters of which ``T`` train (all of them, or LoRA's
   float32 log-softmax ``8·V`` bytes per token (per chunk with ``model.logits_chunk_size``);
 - the engine: vLLM's ``gpu_memory_utilization`` share of the GPU (CPU: its weights and ``kv_cache_gib``); the hf
   engine's KV cache for a rollout batch (``2·layers·kv_heads·head_dim·b`` per token), under ZeRO-3 plus its
-  full copy of the actor.
+  full copy of the actor; an evaluation engine of its own (``data.val_engine``) beside it.
+
+Not a bound: on CPU the processes' measured peaks ran 1.5-1.7x the estimate (docs/measurements.md, 2026-12-02).
 """
 
 from __future__ import annotations
@@ -128,7 +130,11 @@ def estimate(shape: Shape, cfg: Any, world: int, device_bytes: float, on_gpu: bo
         parts["gradients"] = models * trained * trained_bytes
         parts["optimizer"] = models * trained * 2 * trained_bytes
     parts["activations"] = _activations(shape, cfg, weight_bytes)
-    parts["engine"] = _engine(shape, cfg, weight_bytes, stage, device_bytes, on_gpu)
+    engines = [(cfg.rollout.engine, cfg.data.episodes_per_step)]
+    if cfg.data.get("val_engine"):  # an evaluation engine of its own, beside the training one
+        engines.append((cfg.data.val_engine, cfg.env.val_size))
+    parts["engine"] = sum(_engine(shape, engine, episodes, cfg, weight_bytes, stage, device_bytes, on_gpu)
+                          for engine, episodes in engines)
     return Estimate(parts, device_bytes)
 
 
@@ -144,15 +150,18 @@ def _activations(shape: Shape, cfg: Any, weight_bytes: int) -> float:
     return tokens * kept + logits_rows * shape.vocab * 8
 
 
-def _engine(shape: Shape, cfg: Any, weight_bytes: int, stage: int, device_bytes: float, on_gpu: bool) -> float:
-    engine = cfg.rollout.engine
+def _engine(shape: Shape, engine: Any, episodes: int, cfg: Any, weight_bytes: int, stage: int, device_bytes: float,
+            on_gpu: bool) -> float:
+    """What the generation ``engine`` (``rollout.engine`` or ``data.val_engine``) of the run ``cfg`` holds, playing
+    ``episodes`` at once (the hf engine: at most its ``batch_size``)."""
     target = str(engine.get("_target_", ""))
     if target.endswith("VLLMEngine"):
         if on_gpu:
             return engine.gpu_memory_utilization * device_bytes
         return shape.parameters * DTYPE_BYTES.get(str(engine.get("dtype")), 4) + (engine.get("kv_cache_gib") or 1) * GIB
     if target.endswith("HFEngine"):
-        tokens = cfg.data.episodes_per_step * (cfg.model.max_prompt_tokens + cfg.rollout.max_new_tokens)
+        tokens = min(episodes, engine.get("batch_size") or episodes) * (cfg.model.max_prompt_tokens
+                                                                         + cfg.rollout.max_new_tokens)
         kv = tokens * 2 * shape.layers * shape.kv_heads * shape.head_dim * weight_bytes
         return kv + (shape.parameters * weight_bytes if stage == 3 else 0)  # ZeRO-3: the engine's full copy
     return 0.0  # the expert engine holds no model

@@ -131,3 +131,21 @@ def test_a_lora_run_s_weights_are_its_bf16_base_and_its_float32_adapters():
     parts = estimate(shape, cfg, 1, 80 * 2**30, on_gpu=True).parts
     assert parts["weights"] == shape.parameters * 2 + shape.lora_parameters(32) * 4
     assert parts["gradients"] == shape.lora_parameters(32) * 4
+
+
+def test_an_evaluation_engine_of_its_own_is_counted_beside_the_training_engine():
+    """A warm start trains on the expert's episodes (no model) and evaluates the model with an engine of its own
+    (``data.val_engine``): that engine's memory is the run's too. The SmolLM2 ScienceWorld warm start, its
+    evaluation on vLLM, peaked at 13.0 GB resident where the estimate left out the engine (docs/measurements.md)."""
+    from lightning_epo.doctor.checks import compose_run
+    from lightning_epo.doctor.memory import GIB, estimate
+
+    shape = Shape.from_config({"hidden_size": 576, "num_hidden_layers": 30, "vocab_size": 49152,
+                               "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
+                               "tie_word_embeddings": True})  # SmolLM2-135M's config.json
+    vllm = ["data.val_engine._target_=lightning_epo.rollout.vllm_engine.VLLMEngine", "+data.val_engine.dtype=bfloat16",
+            "+data.val_engine.kv_cache_gib=2"]
+    cfg, _ = compose_run(["experiment=gridworld_sft", *vllm])
+    assert cfg.rollout.engine._target_.endswith("ExpertEngine")
+    parts = estimate(shape, cfg, 1, 24 * GIB, on_gpu=False).parts
+    assert parts["engine"] == shape.parameters * 2 + 2 * GIB
