@@ -18,7 +18,7 @@ Per parameter, for ``P`` parameters of which ``T`` train (all of them, or LoRA's
   engine's KV cache for a rollout batch (``2·layers·kv_heads·head_dim·b`` per token), under ZeRO-3 plus its
   full copy of the actor; an evaluation engine of its own (``data.val_engine``) beside it.
 
-Not a bound: on CPU the processes' measured peaks ran 1.5-1.7x the estimate (docs/measurements.md, 2026-12-02).
+Not a bound: on CPU the processes' measured peaks ran 1.5-1.8x the estimate (docs/measurements.md, 2026-12-02).
 """
 
 from __future__ import annotations
