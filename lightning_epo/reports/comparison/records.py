@@ -7,7 +7,7 @@ none of the checkpoints (``.hydra/``'s config and overrides, ``eval.json``, ``ev
 config and history (for the record: nothing reads them back), and the seed's lines of ``timings.tsv`` and
 ``commands.txt``. At the next start the kept runs missing from ``--out`` are copied back into it, each marked
 ``kept`` (finished: :func:`~lightning_epo.reports.comparison.plan.finished`), so they are skipped, not rerun, and the
-report reads them as the runs of this session.
+report reads them as it reads the runs it ran itself.
 """
 
 from __future__ import annotations
@@ -35,9 +35,8 @@ def keep_finished(plan: Plan, out: Path, keep: Path) -> list[int]:
             continue
         for arm in plan.compared:
             _copy_run(run_dir(out, arm, seed), keep / arm / f"s{seed}", history=arm != plan.control)
-        stage = out / STAGE_DIR / f"s{seed}"
-        if stage.is_dir():
-            _copy_run(stage, keep / STAGE_DIR / f"s{seed}", history=True)
+        if run_dir(out, STAGE_DIR, seed).is_dir():  # DIR/warm_start/s<seed>: the seed's warm start
+            _copy_run(run_dir(out, STAGE_DIR, seed), run_dir(keep, STAGE_DIR, seed), history=True)
         _append_lines(out, keep, plan, seed)
         kept.append(seed)
     return kept
