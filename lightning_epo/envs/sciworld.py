@@ -214,8 +214,12 @@ class SciWorldEnv(TextEnv):
       changes nothing); after any other action it is ``None`` for the rest of the episode, as it is
       when the path is used up or ``gold_path`` is off (making the path costs 0.2-15 s per reset).
 
-    ``reward`` is ``success_reward`` on the winning step, else 0; ``done`` is the simulator's
-    completion or failure (a negative score).
+    ``reward`` is ``success_reward`` on the winning step, else 0 (the paper's sparse reward), plus, where
+    ``score_reward`` > 0 (``env.suite.score_reward``, an option; 0 by default), the score's progress at each step:
+    ``score_reward * (max(score_t, 0) - max(score_{t-1}, 0)) / 100``, a failure's negative score counted as 0. An
+    episode's progress rewards sum to ``score_reward * (final - first) / 100``, the first being the score after
+    ``reset``: a failed task gives back all the progress earned before it. ``done`` is the simulator's completion
+    or failure (a negative score).
     """
 
     def __init__(
@@ -224,11 +228,14 @@ class SciWorldEnv(TextEnv):
         jvm_heap_mb: int = 512,
         success_reward: float = 10.0,
         gold_path: bool = False,
+        score_reward: float = 0.0,
     ) -> None:
         _check_simplification(simplification)
         self.simplification = simplification
         self.success_reward = success_reward
         self.gold_path = gold_path
+        self.score_reward = score_reward
+        self._score = 0  # max(score, 0) after the last reset or step
         self._sim: Simulator | None = Simulator(jvm_heap_mb)
         self._task = ""
         self._templates: list[str] = []
@@ -254,7 +261,9 @@ class SciWorldEnv(TextEnv):
         self._gold = [str(a) for a in server.getGoldActionSequence()] if self.gold_path else None
         self._gold_idx = 0
         observation = str(server.step("look around"))
-        return observation, self._info(server)
+        info = self._info(server)
+        self._score = max(info["score"], 0)
+        return observation, info
 
     def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         server = self._server()
@@ -267,6 +276,8 @@ class SciWorldEnv(TextEnv):
         info["action_valid"] = valid
         done = info["won"] or info["score"] < 0  # the simulator completes a task only when it is won
         reward = self.success_reward if info["won"] else 0.0
+        score, self._score = self._score, max(info["score"], 0)
+        reward += self.score_reward * (self._score - score) / 100
         return observation, reward, done, info
 
     def _follow_gold(self, action: str, valid: bool) -> None:
@@ -314,6 +325,7 @@ class SciWorldSuite(TaskSuite):
         gold_path: bool = False,
         variations_path: str | None = None,
         task_subset: list[str] | None = None,
+        score_reward: float = 0.0,
     ) -> None:
         if split_level not in SPLIT_LEVELS:
             raise ConfigError(f"unknown env.suite.split_level {split_level!r}: use one of {', '.join(SPLIT_LEVELS)}")
@@ -323,6 +335,7 @@ class SciWorldSuite(TaskSuite):
         self.simplification = simplification
         self.jvm_heap_mb = jvm_heap_mb
         self.success_reward = success_reward
+        self.score_reward = score_reward
         self.gold_path = gold_path
         self.variations_path = Path(variations_path) if variations_path else DEFAULT_VARIATIONS_PATH
         self._variations: dict[str, dict[str, list[int]]] | None = None
@@ -397,4 +410,5 @@ class SciWorldSuite(TaskSuite):
             jvm_heap_mb=self.jvm_heap_mb,
             success_reward=self.success_reward,
             gold_path=self.gold_path,
+            score_reward=self.score_reward,
         )

@@ -64,6 +64,8 @@ def test_bad_arguments_fail_with_the_fix(compose_cfg):
         SciWorldSuite(simplification="easy,teleport")
     with pytest.raises(ConfigError, match="env.suite.jvm_heap_mb must be an integer >= 256, got 64"):
         validate(compose_cfg("env=sciworld", "env.suite.jvm_heap_mb=64"))
+    with pytest.raises(ConfigError, match="env.suite.score_reward must be"):
+        validate(compose_cfg("env=sciworld", "env.suite.score_reward=-1"))
 
 
 def test_a_task_subset_is_refused_before_the_run_begins_naming_the_valid_tasks(compose_cfg, monkeypatch):
@@ -212,6 +214,42 @@ def test_gold_path_wins_with_reward_only_on_the_winning_step(env, task):
     *before, (last_reward, last_done, last_info) = steps
     assert last_info["won"] and last_done and last_reward == 10.0 and last_info["score"] == 100
     assert all(reward == 0.0 and not info["won"] and not done for reward, done, info in before)
+
+
+@pytest.fixture(scope="module")
+def scored_env():
+    """An env whose reward also pays ScienceWorld's score progress (``env.suite.score_reward``), made by its suite."""
+    env = SciWorldSuite(gold_path=True, score_reward=10.0).make_env()
+    yield env
+    env.close()
+
+
+@pytest.mark.sciworld
+def test_score_reward_pays_each_step_its_score_progress_and_the_win_on_top(scored_env):
+    _, info = scored_env.reset(Task("train", "find-plant", 0))
+    scores, rewards = [info["score"]], []
+    for reward, _, step_info in follow_expert(scored_env, info, 250):
+        scores.append(step_info["score"])
+        rewards.append(reward)
+    assert len(set(scores)) > 3  # the gold path makes progress in several steps, not only at the win
+    progress = [10.0 * (after - before) / 100 for before, after in zip(scores, scores[1:])]
+    assert rewards[:-1] == pytest.approx(progress[:-1])
+    assert rewards[-1] == pytest.approx(progress[-1] + 10.0)  # the win's success_reward on top
+    assert sum(rewards) == pytest.approx(10.0 * (100 - scores[0]) / 100 + 10.0)
+
+
+@pytest.mark.sciworld
+def test_score_reward_takes_back_the_progress_when_the_task_fails(scored_env):
+    _, info = scored_env.reset(Task("train", "find-plant", 0))
+    start = info["score"]
+    gained = 0.0
+    for _ in range(2):  # the gold path's first two steps: from 8 to 17 in this variation
+        _, reward, _, info = scored_env.step(info["expert_action"])
+        gained += reward
+    assert info["score"] > start and gained == pytest.approx(10.0 * (info["score"] - start) / 100)
+    _, reward, done, info = scored_env.step("focus on agent")
+    assert done and not info["won"] and info["score"] < 0
+    assert gained + reward == pytest.approx(-10.0 * start / 100)  # a failure counts as score 0
 
 
 @pytest.mark.sciworld
