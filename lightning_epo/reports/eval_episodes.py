@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from lightning_epo.core import layout
 from lightning_epo.core.errors import UserError
 from lightning_epo.reports.paired import Pair
 
 Outcomes = dict[int, tuple[str, bool]]  # place in the validation sample: (task, won)
+Episodes = dict[int, dict[str, Any]]  # place in the validation sample: the episode's line (callbacks/eval_episodes.py)
 
 
-def final_outcomes(run_dir: Path, split: str, mode: str = "train") -> Outcomes | None:
+def final_episodes(run_dir: Path, split: str, mode: str = "train") -> Episodes | None:
     """The episodes of the run's last evaluation of ``split`` in ``mode`` (``train``: the largest ``after_rl_steps``
     of its training's evaluations; ``eval``: a ``mode=eval`` run's; of an evaluation played twice, the last line of
     each place); None when the run recorded none (no file: a run from before the record, or one whose callback was
@@ -21,15 +23,29 @@ def final_outcomes(run_dir: Path, split: str, mode: str = "train") -> Outcomes |
     path = Path(run_dir) / layout.EVAL_EPISODES
     if not path.is_file():
         return None
-    by_step: dict[int, Outcomes] = {}
+    by_step: dict[int, Episodes] = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             raise UserError(f"{path}:{number} is not JSON (a run stopped while writing it?): remove the line") from None
         if row["mode"] == mode and row["split"] == split:
-            by_step.setdefault(row["after_rl_steps"], {})[row["place"]] = (row["task"], row["won"])
+            by_step.setdefault(row["after_rl_steps"], {})[row["place"]] = row
     return by_step[max(by_step)] if by_step else None
+
+
+def final_outcomes(run_dir: Path, split: str, mode: str = "train") -> Outcomes | None:
+    """``(task, won)`` of each episode of :func:`final_episodes`; None when the run recorded none."""
+    episodes = final_episodes(run_dir, split, mode)
+    return None if episodes is None else {place: (row["task"], row["won"]) for place, row in episodes.items()}
+
+
+def failed_share(episodes: Episodes, within: int | None = None) -> float:
+    """The share of ``episodes`` that ended by a failure: neither won nor cut at the turn limit (``truncated``); with
+    ``within``, only those that ended so in at most ``within`` turns (ScienceWorld's failing fast)."""
+    failed = [row for row in episodes.values() if not row["won"] and not row["truncated"]
+              and (within is None or row["turns"] <= within)]
+    return len(failed) / len(episodes)
 
 
 def pair_outcomes(arm: Outcomes, other: Outcomes, what: str) -> list[Pair]:

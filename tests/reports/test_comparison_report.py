@@ -123,3 +123,27 @@ def test_a_control_and_the_scores_are_reported_against_it(tmp_path):
     assert "| control | 30 | 35 | 20 |" in scores and "| arm | 40 | 46 | 32 |" in scores
     assert "| arm - control | +10 | +11 | +12 | +11 |" in scores
     assert "### OOD: final score" in text and "| arm | - | - | - |" in text.split("### OOD: final score")[1]
+
+
+def test_episodes_ended_by_a_failure_are_counted_per_arm_and_paired_over_seeds(tmp_path):
+    """ScienceWorld's fail-fast measure: the share of the final evaluation's episodes that ended neither won nor cut at
+    the turn limit, and of those within 2 turns; no section for a split where no episode failed."""
+    out = tmp_path / "cmp"
+    plan = plan_of(tmp_path, [0, 1])
+    for seed in (0, 1):
+        for arm, failed in (("base", {}), ("arm", {5: 1, 6: 2, 7: 9 + seed})):  # IID places that failed: their turns
+            plant_run(out, arm, seed, {"iid": wins_of(5), "ood": wins_of(5)})
+            path = run_dir(out, arm, seed) / "eval_episodes.jsonl"
+            episodes = [json.loads(line) for line in path.read_text().splitlines()]
+            for episode in episodes:
+                fails = episode["split"] == "iid" and episode["place"] in failed
+                episode["truncated"] = not episode["won"] and not fails
+                episode["turns"] = failed[episode["place"]] if fails else 3 if episode["won"] else 16
+            path.write_text("".join(json.dumps(episode) + "\n" for episode in episodes))
+    text = report(plan, out)
+    ended = text.split("### IID: final evaluation's episodes ended by a failure (")[1].split("###")[0]
+    assert "| base | 0 | 0 |" in ended and "| arm | 0.15 | 0.15 |" in ended
+    assert "| arm - base | +0.15 | +0.15 | +0.15 |" in ended
+    fast = text.split("### IID: final evaluation's episodes ended by a failure within 2 turns")[1].split("###")[0]
+    assert "| arm | 0.1 | 0.1 |" in fast and "| arm - base | +0.1 | +0.1 | +0.1 |" in fast
+    assert "### OOD: final evaluation's episodes ended by a failure" not in text

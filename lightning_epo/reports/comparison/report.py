@@ -11,7 +11,7 @@ from lightning_epo.core.errors import UserError
 from lightning_epo.reports.comparison.plan import (COMMANDS, LOG, SPLITS, TIMINGS, Plan, finished, last_checkpoint,
                                                    run_dir)
 from lightning_epo.reports.comparison.run_measures import difference_lines, measure_lines
-from lightning_epo.reports.eval_episodes import final_outcomes, pair_outcomes
+from lightning_epo.reports.eval_episodes import failed_share, final_episodes, final_outcomes, pair_outcomes
 from lightning_epo.reports.paired import POWER, Contrast, contrast_from_pairs, contrast_from_rates, format_interval
 from lightning_epo.reports.plot import mean_band, plot_loaded_runs
 from lightning_epo.reports.run_history import Run, load_run
@@ -22,6 +22,7 @@ from lightning_epo.training.checkpoint_io import rl_steps_in
 PER_STEP = {"entropy/early_turns": "Early-turn entropy (nat)", "entropy/late_turns": "Late-turn entropy (nat)",
             "train/mixed_groups": "Share of groups with mixed outcomes", "train/success": "Training success"}
 FINISHED = "finished"
+FAST = 2  # turns: an episode failed within them failed fast (docs/comparison_sciworld.md)
 
 
 def wall_seconds(out: Path) -> dict[tuple[str, int], float]:
@@ -69,6 +70,28 @@ def final_score(plan: Plan, out: Path, arm: str, seed: int, split: str, run: Run
         return json.loads((run_dir(out, arm, seed) / layout.EVAL).read_text()).get(name)
     series = run.history.get(name)
     return series[-1][1] if series else None
+
+
+def final_failed_share(plan: Plan, out: Path, arm: str, seed: int, split: str, within: int | None) -> float | None:
+    """The share of the run's final ``split`` episodes ended by a failure (:func:`failed_share`, ``within`` turns
+    where given); None where the run recorded no episodes."""
+    episodes = final_episodes(run_dir(out, arm, seed), split, "eval" if arm == plan.control else "train")
+    return None if episodes is None else failed_share(episodes, within)
+
+
+def failure_lines(plan: Plan, out: Path, pairs: list[tuple[str, str]]) -> list[str]:
+    """Per split where any run's final evaluation had an episode that ended by a failure, that share, and the share
+    that failed within ``FAST`` turns, per arm and seed with the paired differences (:func:`difference_lines`)."""
+    lines = []
+    for split in SPLITS:
+        for within, what in ((None, "ended by a failure (neither won nor cut at the turn limit), share"),
+                             (FAST, f"ended by a failure within {FAST} turns, share")):
+            values = {arm: [final_failed_share(plan, out, arm, seed, split, within) for seed in plan.seeds]
+                      for arm in plan.compared}
+            if any(v for row in values.values() for v in row):
+                lines += difference_lines(f"{split.upper()}: final evaluation's episodes {what}", values, plan.seeds,
+                                          pairs)
+    return lines
 
 
 def _wins(evaluation: Evaluation) -> int:
@@ -198,6 +221,8 @@ def report(plan: Plan, out: Path) -> str:
         {arm: [final_score(plan, out, arm, seed, split, run_of.get((arm, seed))) for seed in plan.seeds]
          for arm in arms}, plan.seeds, pairs)]
     lines += ["", "## Final score (the environment's own, where it scores its episodes)", *scored] if scored else []
+    failures = failure_lines(plan, out, pairs)
+    lines += ["", "## Episodes ended by a failure (where the environment fails them)", *failures] if failures else []
     figures = plot_loaded_runs([run for arm in plan.arms for run in loaded[arm]], out / "figures" / plan.name)
     lines += ["", "## Figures (mean and ±1 std over seeds, per arm)", ""]
     lines += [f"- [{path.name}]({path.relative_to(out)})" for path in figures]
