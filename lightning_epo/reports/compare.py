@@ -30,7 +30,7 @@ are recorded); a stopped one resumes (``ckpt_path=last``; a stopped control eval
 command again after a stop; ``--status`` prints where each run stands, with the finished runs' success, and runs
 nothing; ``--seeds 0`` runs and reports only those of the plan's seeds (a rule read on seed 0 before the others run).
 With ``--keep RECORDS`` (a folder committed with the repository, e.g. ``docs/records/PLAN``) every seed whose runs
-have all finished is kept there, without checkpoints, and copied back into ``DIR`` at the next start, where it counts
+have all finished is kept there as soon as they have, before the next seed starts, without checkpoints, and copied back into ``DIR`` at the next start, where it counts
 as finished: a comparison spread over sessions whose ``DIR`` does not survive (:mod:`.comparison.records`).
 
 The report (``DIR/report-<PLAN>.md``, and the figures in ``DIR/figures/<PLAN>``: plans may share a folder, and with it
@@ -61,8 +61,8 @@ from lightning_epo.reports.comparison.runner import check_shared_warm_starts, ru
 def compare(plan_path: Path, out: Path, python: str = sys.executable, seeds: list[int] | None = None,
             keep: Path | None = None) -> Path:
     """Run what is missing of the comparison in ``plan_path`` (of its ``seeds`` only, where given) and write its
-    report; returns the report's path. With ``keep``, finished seeds are kept there (also when a run fails) and
-    the seeds kept there are copied back first."""
+    report; returns the report's path. With ``keep``, each seed is kept there once its runs have finished (also
+    when a run fails), before the next seed starts, and the seeds kept there are copied back first."""
     plan = Plan.read(plan_path)
     plan = plan if seeds is None else plan.with_seeds(seeds)
     out.mkdir(parents=True, exist_ok=True)
@@ -70,11 +70,12 @@ def compare(plan_path: Path, out: Path, python: str = sys.executable, seeds: lis
     if keep:
         for seed in restore_kept(plan, out, keep):
             print(f"seed {seed}: its finished runs copied back from {keep}", flush=True)
-    try:
-        run_all(plan, out, python)
-    finally:
-        for seed in keep_finished(plan, out, keep) if keep else []:
-            print(f"seed {seed}: its finished runs kept in {keep} (commit them)", flush=True)
+    for seed in plan.seeds:  # a seed is kept as soon as it finishes: a session killed in the next loses only that
+        try:
+            run_all(plan.with_seeds([seed]), out, python)
+        finally:
+            for kept in keep_finished(plan, out, keep) if keep else []:
+                print(f"seed {kept}: its finished runs kept in {keep} (commit them)", flush=True)
     path = out / f"report-{plan.name}.md"
     path.write_text(report(plan, out))
     return path

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 import torch
 import yaml
 
+from lightning_epo.core.errors import UserError
 from lightning_epo.reports.comparison.plan import Plan, finished, run_dir
 from lightning_epo.reports.comparison.records import keep_finished, restore_kept, write_history_csv
 from lightning_epo.reports.comparison.report import report
@@ -93,3 +95,17 @@ def test_the_kept_history_reads_back_value_for_value(tmp_path):
                "loss/entropy": [(1, -2.5e-06), (2, 123456.789012345)]}
     write_history_csv(history, tmp_path / "csv" / "metrics.csv")
     assert load_history(tmp_path) == history
+
+
+def test_a_seed_is_kept_as_soon_as_it_finishes_before_the_next_seed_runs(tmp_path):
+    """A session that ends mid-way through seed 1 (its processes killed, no ``finally``) must not lose seed 0: the
+    fake interpreter of seed 1's first run sees whether seed 0 is already in ``--keep``."""
+    out, keep, seen = tmp_path / "outputs" / "cmp", tmp_path / "records", tmp_path / "seen"
+    path, _ = plan_at(tmp_path, [0, 1])
+    plant_finished(out, 0, {"grpo": 6, "epo": 9})
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\n[ -d {keep}/grpo/s0 ] && echo kept > {seen} || echo missing > {seen}\nexit 3\n")
+    python.chmod(0o755)
+    with pytest.raises(UserError, match="grpo s1 exited 3"):
+        compare(path, out, python=str(python), keep=keep)
+    assert seen.read_text() == "kept\n"
