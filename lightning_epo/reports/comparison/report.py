@@ -72,22 +72,26 @@ def final_score(plan: Plan, out: Path, arm: str, seed: int, split: str, run: Run
     return series[-1][1] if series else None
 
 
-def final_failed_share(plan: Plan, out: Path, arm: str, seed: int, split: str, within: int | None) -> float | None:
-    """The share of the run's final ``split`` episodes ended by a failure (:func:`failed_share`, ``within`` turns
-    where given); None where the run recorded no episodes."""
-    episodes = final_episodes(run_dir(out, arm, seed), split, "eval" if arm == plan.control else "train")
-    return None if episodes is None else failed_share(episodes, within)
-
-
 def failure_lines(plan: Plan, out: Path, pairs: list[tuple[str, str]]) -> list[str]:
-    """Per split where any run's final evaluation had an episode that ended by a failure, that share, and the share
-    that failed within ``FAST`` turns, per arm and seed with the paired differences (:func:`difference_lines`)."""
+    """Per split where any run's final evaluation had an episode that ended by a failure (neither won nor cut at the
+    turn limit), that share, and the share that failed within ``FAST`` turns, per arm and seed with the paired
+    differences (:func:`difference_lines`); one line for a split where every run recorded its episodes and none
+    failed."""
     lines = []
     for split in SPLITS:
+        episodes = {(arm, seed): final_episodes(run_dir(out, arm, seed), split,
+                                                "eval" if arm == plan.control else "train")
+                    for arm in plan.compared for seed in plan.seeds}
+        recorded = [found for found in episodes.values() if found is not None]
+        if len(recorded) == len(episodes) and not any(failed_share(found) for found in recorded):
+            lines += ["", f"{split.upper()}: none of the final evaluation's {sum(map(len, recorded))} recorded episodes "
+                          f"({len(plan.compared)} arms x {len(plan.seeds)} seeds) ended by a failure: each was won or "
+                          "cut at the turn limit."]
+            continue
         for within, what in ((None, "ended by a failure (neither won nor cut at the turn limit), share"),
                              (FAST, f"ended by a failure within {FAST} turns, share")):
-            values = {arm: [final_failed_share(plan, out, arm, seed, split, within) for seed in plan.seeds]
-                      for arm in plan.compared}
+            values = {arm: [None if episodes[arm, seed] is None else failed_share(episodes[arm, seed], within)
+                            for seed in plan.seeds] for arm in plan.compared}
             if any(v for row in values.values() for v in row):
                 lines += difference_lines(f"{split.upper()}: final evaluation's episodes {what}", values, plan.seeds,
                                           pairs)
