@@ -127,6 +127,15 @@ class SeedInterval:
     high: float
     detectable: float  # δ at POWER, in the differences' unit
 
+    @property
+    def spread(self) -> bool:
+        """False where every seed's difference is the same (sd 0 up to rounding): the interval and δ are then 0 wide
+        and say nothing about another seed (e.g. both arms at 0 wins at every seed)."""
+        return self.sd > 1e-12 * max(1.0, abs(self.mean))
+
+
+NO_SPREAD = "n/a (no spread over seeds)"  # the interval's and δ's cells where :attr:`SeedInterval.spread` is False
+
 
 def seed_interval(differences: Sequence[float], level: float = LEVEL, power: float = POWER) -> SeedInterval:
     """:class:`SeedInterval` of per-seed paired differences ``d_s`` (at least 2 seeds)."""
@@ -189,6 +198,7 @@ def describe(contrast: Contrast) -> list[str]:
     seeds, count = contrast.seeds, len(contrast.differences)
     noise = "per task, paired" if contrast.paired else "the rates as independent"
     over = ("over seeds: one seed, no interval" if seeds is None else
+            f"over seeds ({count}): {seeds.mean:+.3f}, {NO_SPREAD}" if not seeds.spread else
             f"over seeds ({count}, t with {count - 1} df): {seeds.mean:+.3f} {format_interval(seeds.low, seeds.high)}, "
             f"sd {seeds.sd:.3f}; smallest difference detectable at {POWER * 100:.0f} % power: {seeds.detectable:.3f}")
     return [f"per seed: {' '.join(f'{d:+.3f}' for d in contrast.differences)}", over,

@@ -19,6 +19,7 @@ from lightning_epo.reports.comparison.report import report as report_of
 from lightning_epo.reports.comparison.report import status
 from lightning_epo.reports.comparison.runner import command, link_warm_start
 from lightning_epo.reports.run_history import load_run, wandb_records, wandb_run_files
+from lightning_epo.reports.paired import NO_SPREAD
 
 SHRUNK = ["total_steps=2", "test_every=2", "val_at_start=false", "env.val_size=4", "env.max_turns=3",
           "data.episodes_per_step=8", "data.oversample=1", "rollout.max_new_tokens=8", "~callbacks.progress_bar",
@@ -65,12 +66,14 @@ def test_two_arms_two_seeds_share_each_seeds_warm_start_resume_a_stopped_run_and
                   for arm in ("ppo", "ppo_epo")}  # the per-seed differences are the final rates' (4 paired episodes)
         assert [float(x) for x in against_baseline[1:3]] == pytest.approx(
             [a - b for a, b in zip(finals["ppo_epo"], finals["ppo"])], abs=5e-4)
-        numbers = [float(x) for x in against_baseline[1:]]  # s0, s1, mean, t-interval, detectable, evaluation noise
-        mirrored = [float(x) for x in contrast[1:]]
-        assert mirrored[:3] == pytest.approx([-x for x in numbers[:3]], abs=1e-9)
-        for low, high in ((3, 4), (6, 7)):  # both intervals mirrored exactly (no random draws)
-            assert [mirrored[low], mirrored[high]] == pytest.approx([-numbers[high], -numbers[low]], abs=1e-9)
-        assert mirrored[5] == numbers[5] and numbers[3] <= numbers[2] <= numbers[4]
+        numbers, mirrored = (numbers_of(row) for row in (against_baseline, contrast))  # s0, s1, mean, t-interval,
+        assert mirrored[:3] == pytest.approx([-x for x in numbers[:3]], abs=1e-9)     # detectable, evaluation noise
+        assert [mirrored[-2], mirrored[-1]] == pytest.approx([-numbers[-1], -numbers[-2]], abs=1e-9)  # exact mirror
+        if len(numbers) == 8:  # a spread over the seeds: the t-interval, mirrored, around the mean, and δ
+            assert [mirrored[3], mirrored[4]] == pytest.approx([-numbers[4], -numbers[3]], abs=1e-9)
+            assert mirrored[5] == numbers[5] and numbers[3] <= numbers[2] <= numbers[4]
+        else:  # the same difference at both seeds: no interval over seeds, no detectable difference
+            assert numbers[0] == pytest.approx(numbers[1], abs=1e-12) and against_baseline[4] == NO_SPREAD
     for arm in ("ppo", "ppo_epo"):  # every final evaluation's episodes recorded, per split and place
         for seed in (0, 1):
             rows = (run_dir(out, arm, seed) / "eval_episodes.jsonl").read_text().splitlines()
@@ -120,11 +123,17 @@ def test_two_arms_two_seeds_share_each_seeds_warm_start_resume_a_stopped_run_and
 
 
 def paired_rows(report: str, kind: str) -> list[tuple[str, ...]]:
-    """The paired-differences rows of a 2-seed report: arm - other, s0, s1, mean, t-interval (low, high), smallest
-    detectable difference, evaluation-noise interval (low, high), its ``kind`` (paired, unpaired)."""
+    """The paired-differences rows of a 2-seed report: arm - other, s0, s1, mean, the t-interval's cell, the smallest
+    detectable difference's cell, the evaluation-noise interval (low, high), its ``kind`` (paired, unpaired)."""
     number = r"([+-]\d\.\d{3})"
-    return re.findall(rf"\| (ppo_epo - ppo|ppo - ppo_epo) \| {number} \| {number} \| {number} \| \[{number}, "
-                      rf"{number}\] \| (\d\.\d{{3}}) \| \[{number}, {number}\] {kind} \|", report)
+    return re.findall(rf"\| (ppo_epo - ppo|ppo - ppo_epo) \| {number} \| {number} \| {number} \| ([^|]+) \| "
+                      rf"([^|]+) \| \[{number}, {number}\] {kind} \|", report)
+
+
+def numbers_of(row: tuple[str, ...]) -> list[float]:
+    """A :func:`paired_rows` row's numbers: s0, s1, mean, [t-interval low, high, detectable,] evaluation noise."""
+    over = [] if row[4] == NO_SPREAD else [*map(float, re.fullmatch(r"\[(.+), (.+)\]", row[4]).groups()), float(row[5])]
+    return [float(x) for x in row[1:4]] + over + [float(x) for x in row[6:]]
 
 
 def test_arms_that_would_train_different_warm_starts_are_refused(tiny_model_path, tmp_path):

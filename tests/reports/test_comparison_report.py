@@ -13,6 +13,7 @@ import yaml
 from lightning_epo.core.errors import UserError
 from lightning_epo.reports.comparison.plan import Plan, run_dir
 from lightning_epo.reports.comparison.report import report
+from lightning_epo.reports.paired import NO_SPREAD
 
 TASKS = 20
 
@@ -67,7 +68,8 @@ def test_a_planted_difference_is_found_and_a_planted_null_is_not(tmp_path):
     assert 0 < low < 0.35 < high  # found: the t-interval over the 4 seeds excludes 0
     assert cells[8].endswith("paired") and not cells[8].endswith("unpaired")
     (ood,) = rows(text, "ood")
-    assert "| +0.000 | +0.000 | +0.000 | +0.000 | +0.000 | [+0.000, +0.000] | 0.000 |" in ood  # not found
+    # not found; the same difference at every seed has no spread, so neither an interval nor a detectable difference
+    assert f"| +0.000 | +0.000 | +0.000 | +0.000 | +0.000 | {NO_SPREAD} | {NO_SPREAD} |" in ood
 
 
 def test_runs_of_a_seed_that_played_other_tasks_are_refused(tmp_path):

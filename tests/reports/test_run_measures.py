@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lightning_epo.reports.comparison.run_measures import change_variance, largest, mean_from_step_one, measure_lines
-from lightning_epo.reports.paired import seed_interval
+from lightning_epo.reports.comparison.run_measures import (change_variance, difference_lines, largest,
+                                                            mean_from_step_one, measure_lines)
+from lightning_epo.reports.paired import NO_SPREAD, Contrast, describe, seed_interval
 from lightning_epo.reports.run_history import Run
 
 
@@ -48,3 +49,18 @@ def test_paired_differences_per_seed_and_their_interval_over_seeds():
     band = lines.split("### Share")[1]
     assert "| b | 0.15 | 0.1 | 0.25 | 0.05 |" in band and "| a | - | - | - | - |" in band
     assert "b - a" not in band  # a did not log it: no difference to take
+
+
+def test_the_same_difference_at_every_seed_gives_no_interval_and_no_detectable_difference():
+    """Both arms at 0 wins at every seed (ScienceWorld's success, 2026-12-03) gave ``[+0, +0]`` and a smallest
+    detectable difference of 0: a 0-wide interval from no spread, read as a design that detects anything."""
+    lines = difference_lines("success", {"arm": [0.0, 0.0, 0.0], "base": [0.0, 0.0, 0.0]}, [0, 1, 2], [("arm", "base")])
+    (row,) = [line for line in lines if line.startswith("| arm - base |")]
+    assert row.endswith(f"| {NO_SPREAD} | {NO_SPREAD} |")
+    assert describe_seeds([0.25, 0.25, 0.25]) == f"over seeds (3): +0.250, {NO_SPREAD}"
+    assert "[" in describe_seeds([0.25, 0.2, 0.3])  # a spread: the interval stands
+
+
+def describe_seeds(differences: list[float]) -> str:
+    """The over-seeds line of :func:`describe` for a contrast with these per-seed differences."""
+    return describe(Contrast(tuple(differences), seed_interval(differences), (0.0, 0.0), True, 10))[1]

@@ -12,7 +12,8 @@ from lightning_epo.reports.comparison.plan import (COMMANDS, LOG, SPLITS, TIMING
                                                    run_dir)
 from lightning_epo.reports.comparison.run_measures import difference_lines, measure_lines
 from lightning_epo.reports.eval_episodes import failed_share, final_episodes, final_outcomes, pair_outcomes
-from lightning_epo.reports.paired import POWER, Contrast, contrast_from_pairs, contrast_from_rates, format_interval
+from lightning_epo.reports.paired import (NO_SPREAD, POWER, Contrast, contrast_from_pairs, contrast_from_rates,
+                                          format_interval)
 from lightning_epo.reports.plot import mean_band, plot_loaded_runs
 from lightning_epo.reports.run_history import Run, load_run
 from lightning_epo.reports.summary import Evaluation, score_run
@@ -84,9 +85,9 @@ def failure_lines(plan: Plan, out: Path, pairs: list[tuple[str, str]]) -> list[s
                     for arm in plan.compared for seed in plan.seeds}
         recorded = [found for found in episodes.values() if found is not None]
         if len(recorded) == len(episodes) and not any(failed_share(found) for found in recorded):
-            lines += ["", f"{split.upper()}: none of the final evaluation's {sum(map(len, recorded))} recorded episodes "
-                          f"({len(plan.compared)} arms x {len(plan.seeds)} seeds) ended by a failure: each was won or "
-                          "cut at the turn limit."]
+            lines += ["", f"{split.upper()}: none of the final evaluation's {sum(map(len, recorded))} recorded "
+                          f"episodes ({len(plan.compared)} arms x {len(plan.seeds)} seeds) ended by a failure: each "
+                          "was won or cut at the turn limit."]
             continue
         for within, what in ((None, "ended by a failure (neither won nor cut at the turn limit), share"),
                              (FAST, f"ended by a failure within {FAST} turns, share")):
@@ -214,8 +215,8 @@ def report(plan: Plan, out: Path) -> str:
         for arm, other in pairs:
             found = contrast(out, plan, arm, other, split, finals)
             seeds = found.seeds
-            over = ["n/a (one seed)"] * 2 if seeds is None else [format_interval(seeds.low, seeds.high),
-                                                                 f"{seeds.detectable:.3f}"]
+            over = (["n/a (one seed)"] * 2 if seeds is None else [NO_SPREAD] * 2 if not seeds.spread else
+                    [format_interval(seeds.low, seeds.high), f"{seeds.detectable:.3f}"])
             noise = f"{format_interval(*found.evaluation_noise)} {'paired' if found.paired else 'unpaired'}"
             cells = [f"{d:+.3f}" for d in found.differences] + [f"{sum(found.differences) / len(plan.seeds):+.3f}",
                                                                 *over, noise]

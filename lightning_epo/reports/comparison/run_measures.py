@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-from lightning_epo.reports.paired import POWER, seed_interval
+from lightning_epo.reports.paired import NO_SPREAD, POWER, seed_interval
 from lightning_epo.reports.run_history import Run, Series
 
 
@@ -75,7 +75,8 @@ def difference_lines(title: str, values: dict[str, list[float | None]], seeds: S
         differences = [a - b for a, b in zip(values[arm], values[other])]
         if len(differences) > 1:
             over = seed_interval(differences)
-            tail = [f"[{over.low:+.4g}, {over.high:+.4g}]", f"{over.detectable:.3g}"]
+            tail = ([f"[{over.low:+.4g}, {over.high:+.4g}]", f"{over.detectable:.3g}"] if over.spread else
+                    [NO_SPREAD] * 2)
         else:
             tail = ["n/a (one seed)"] * 2
         lines.append(f"| {arm} - {other} | " + " | ".join(f"{d:+.4g}" for d in differences)
