@@ -135,6 +135,18 @@ class SeedInterval:
 
 
 NO_SPREAD = "n/a (no spread over seeds)"  # the interval's and δ's cells where :attr:`SeedInterval.spread` is False
+ONE_SEED = "n/a (one seed)"  # the same cells without an interval over seeds
+
+
+def seed_cells(seeds: SeedInterval | None, number: str = "+.3f", detectable: str = ".3f") -> list[str]:
+    """A report row's two cells over seeds: the t-interval (its ends formatted by ``number``) and the smallest
+    detectable difference (by ``detectable``); :data:`ONE_SEED` without an interval (``None``), :data:`NO_SPREAD`
+    where every seed's difference is the same."""
+    if seeds is None:
+        return [ONE_SEED] * 2
+    if not seeds.spread:
+        return [NO_SPREAD] * 2
+    return [format_interval(seeds.low, seeds.high, number), f"{seeds.detectable:{detectable}}"]
 
 
 def seed_interval(differences: Sequence[float], level: float = LEVEL, power: float = POWER) -> SeedInterval:
@@ -189,8 +201,8 @@ def contrast_from_rates(arm: Sequence[tuple[int, int]], other: Sequence[tuple[in
                     pooled[0][1])
 
 
-def format_interval(low: float, high: float) -> str:
-    return f"[{low:+.3f}, {high:+.3f}]"
+def format_interval(low: float, high: float, number: str = "+.3f") -> str:
+    return f"[{low:{number}}, {high:{number}}]"
 
 
 def describe(contrast: Contrast) -> list[str]:

@@ -58,7 +58,7 @@ def test_the_same_difference_at_every_seed_gives_no_interval_and_no_detectable_d
     (row,) = [line for line in lines if line.startswith("| arm - base |")]
     assert row.endswith(f"| {NO_SPREAD} | {NO_SPREAD} |")
     assert describe_seeds([0.25, 0.25, 0.25]) == f"over seeds (3): +0.250, {NO_SPREAD}"
-    assert "[" in describe_seeds([0.25, 0.2, 0.3])  # a spread: the interval stands
+    assert describe_seeds([0.25, 0.2, 0.3]).startswith("over seeds (3, t with 2 df): +0.250 [")  # a spread: it stands
 
 
 def describe_seeds(differences: list[float]) -> str:

@@ -12,8 +12,8 @@ from lightning_epo.reports.comparison.plan import (COMMANDS, LOG, SPLITS, TIMING
                                                    run_dir)
 from lightning_epo.reports.comparison.run_measures import difference_lines, measure_lines
 from lightning_epo.reports.eval_episodes import failed_share, final_episodes, final_outcomes, pair_outcomes
-from lightning_epo.reports.paired import (NO_SPREAD, POWER, Contrast, contrast_from_pairs, contrast_from_rates,
-                                          format_interval)
+from lightning_epo.reports.paired import (POWER, Contrast, contrast_from_pairs, contrast_from_rates, format_interval,
+                                          seed_cells)
 from lightning_epo.reports.plot import mean_band, plot_loaded_runs
 from lightning_epo.reports.run_history import Run, load_run
 from lightning_epo.reports.summary import Evaluation, score_run
@@ -73,6 +73,12 @@ def final_score(plan: Plan, out: Path, arm: str, seed: int, split: str, run: Run
     return series[-1][1] if series else None
 
 
+def run_mode(plan: Plan, arm: str) -> str:
+    """The ``mode`` the arm's runs recorded their final evaluation in: ``eval`` for the control (a ``mode=eval`` run
+    of the warm start), ``train`` for an arm that trains."""
+    return "eval" if arm == plan.control else "train"
+
+
 def failure_lines(plan: Plan, out: Path, pairs: list[tuple[str, str]]) -> list[str]:
     """Per split where any run's final evaluation had an episode that ended by a failure (neither won nor cut at the
     turn limit), that share, and the share that failed within ``FAST`` turns, per arm and seed with the paired
@@ -80,8 +86,7 @@ def failure_lines(plan: Plan, out: Path, pairs: list[tuple[str, str]]) -> list[s
     failed."""
     lines = []
     for split in SPLITS:
-        episodes = {(arm, seed): final_episodes(run_dir(out, arm, seed), split,
-                                                "eval" if arm == plan.control else "train")
+        episodes = {(arm, seed): final_episodes(run_dir(out, arm, seed), split, run_mode(plan, arm))
                     for arm in plan.compared for seed in plan.seeds}
         recorded = [found for found in episodes.values() if found is not None]
         if len(recorded) == len(episodes) and not any(failed_share(found) for found in recorded):
@@ -107,7 +112,7 @@ def contrast(out: Path, plan: Plan, arm: str, other: str, split: str,
              finals: dict[tuple[str, int, str], Evaluation]) -> Contrast:
     """``arm - other`` over the plan's seeds (:mod:`lightning_epo.reports.paired`): paired per task where every run of
     both arms recorded its final evaluation's episodes (``eval_episodes.jsonl``), else from the runs' rates."""
-    modes = {name: "eval" if name == plan.control else "train" for name in (arm, other)}  # the control: mode=eval
+    modes = {name: run_mode(plan, name) for name in (arm, other)}
     recorded = {(name, seed): final_outcomes(run_dir(out, name, seed), split, modes[name])
                 for name in (arm, other) for seed in plan.seeds}
     if any(outcomes is None for outcomes in recorded.values()):
@@ -214,12 +219,9 @@ def report(plan: Plan, out: Path) -> str:
                   "|---|" + "---|" * (len(plan.seeds) + 4)]
         for arm, other in pairs:
             found = contrast(out, plan, arm, other, split, finals)
-            seeds = found.seeds
-            over = (["n/a (one seed)"] * 2 if seeds is None else [NO_SPREAD] * 2 if not seeds.spread else
-                    [format_interval(seeds.low, seeds.high), f"{seeds.detectable:.3f}"])
             noise = f"{format_interval(*found.evaluation_noise)} {'paired' if found.paired else 'unpaired'}"
             cells = [f"{d:+.3f}" for d in found.differences] + [f"{sum(found.differences) / len(plan.seeds):+.3f}",
-                                                                *over, noise]
+                                                                *seed_cells(found.seeds), noise]
             lines.append(f"| {arm} - {other} | " + " | ".join(cells) + " |")
     scored = [line for split in SPLITS for line in difference_lines(
         f"{split.upper()}: final score (`val/{split}/score`, the mean over the split's episodes)",

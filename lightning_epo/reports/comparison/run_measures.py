@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-from lightning_epo.reports.paired import NO_SPREAD, POWER, seed_interval
+from lightning_epo.reports.paired import POWER, seed_cells, seed_interval
 from lightning_epo.reports.run_history import Run, Series
 
 
@@ -73,12 +73,7 @@ def difference_lines(title: str, values: dict[str, list[float | None]], seeds: S
               f"over seeds | smallest detectable ({POWER * 100:.0f} % power) |", "|---|" + "---|" * (len(seeds) + 3)]
     for arm, other in known:
         differences = [a - b for a, b in zip(values[arm], values[other])]
-        if len(differences) > 1:
-            over = seed_interval(differences)
-            tail = ([f"[{over.low:+.4g}, {over.high:+.4g}]", f"{over.detectable:.3g}"] if over.spread else
-                    [NO_SPREAD] * 2)
-        else:
-            tail = ["n/a (one seed)"] * 2
+        tail = seed_cells(seed_interval(differences) if len(differences) > 1 else None, "+.4g", ".3g")
         lines.append(f"| {arm} - {other} | " + " | ".join(f"{d:+.4g}" for d in differences)
                      + f" | {statistics.fmean(differences):+.4g} | " + " | ".join(tail) + " |")
     return lines
