@@ -7,11 +7,16 @@ the old-policy pass (``perf/old_logprob_s``, absent where the update's own forwa
 (``perf/checkpoint_s``); ``perf/step_s`` is the whole step, measured on its own, so the parts can be checked to add
 up to it. An evaluation is timed on its own (``perf/eval_s``). On CUDA each part ends with a synchronisation: the
 kernels a part launched are counted in it, not in the next; the step's peak memory is ``perf/peak_memory_gib`` and
-each timed part's own ``perf/<part>_peak_memory_gib`` (which phase sets the peak: the rollout, or the update).
+each timed part's own ``perf/<part>_peak_memory_gib`` (which phase sets the peak: the rollout, or the update). On
+every device the host memory is ``perf/host_peak_rss_gib``: the trainer process's largest resident size since it
+started (with vLLM in the process, the engine's memory too), on the fullest rank: it rises at the step that needed
+more than any before, which a CPU run's memory would otherwise not show until the kernel kills it.
 """
 
 from __future__ import annotations
 
+import resource
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -132,19 +137,29 @@ def matmul_peak_flops(device_type: str, dtype: torch.dtype) -> float:
     return 2.0 * size**3 * repeats / (time.perf_counter() - began)
 
 
+def host_peak_rss_gib() -> float:
+    """The largest resident set size this process has had since it started, in GiB (``getrusage``'s
+    ``ru_maxrss``: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak * (1 if sys.platform == "darwin" else 1024) / 2**30
+
+
 def perf_metrics(clock: StepClock, flops: float, peak: float, reduce: Callable[..., torch.Tensor],
                  world_size: int) -> dict[str, float]:
     """RL step k's ``perf/*`` values: the ``clock``'s parts and the whole step in seconds (means over ranks:
     ``reduce`` sums, or with ``"max"`` takes the largest, over ranks), the update's achieved FLOP/s (``flops``:
     :func:`update_flops`) and its share of the matmul ``peak``, and on CUDA the step's peak memory on the fullest
     GPU (its rollout and its update; the counter is reset for the next step) and each timed part's own
-    (``perf/update_peak_memory_gib``: the update's; where the step's is larger, the rollout set it)."""
+    (``perf/update_peak_memory_gib``: the update's; where the step's is larger, the rollout set it); on every device
+    the host's, :func:`host_peak_rss_gib` on the fullest rank."""
     seconds = {f"perf/{part}_s": clock.seconds[part] for part in STEP_PARTS if part in clock.seconds}
     seconds["perf/step_s"] = clock.elapsed()
     total = reduce(torch.tensor(list(seconds.values()), device=clock.device)) / world_size
     metrics = dict(zip(seconds, total.tolist()))
     flops_per_s = flops / max(metrics["perf/update_s"], 1e-9)
     metrics |= {"perf/update_flops_per_s": flops_per_s, "perf/update_peak_share": flops_per_s / peak}
+    host = reduce(torch.tensor([host_peak_rss_gib()], device=clock.device), "max")
+    metrics["perf/host_peak_rss_gib"] = float(host[0])
     if clock.device.type == "cuda":
         clock.fold_peak()
         names = [f"perf/{'' if part == 'step' else part + '_'}peak_memory_gib" for part in clock.peak_bytes]
@@ -176,6 +191,8 @@ def step_line(step: int, seconds: dict[str, float], peak: float) -> str:
     ]
     if "perf/checkpoint_s" in seconds:
         parts.append(f"checkpoint {s('checkpoint'):.1f} s")
+    if "perf/host_peak_rss_gib" in seconds:
+        parts.append(f"host memory at most {seconds['perf/host_peak_rss_gib']:.1f} GiB")
     return f"step {step} took {s('step'):.1f} s: " + ", ".join(parts)
 
 

@@ -24,7 +24,7 @@ EVERY_STEP = [
     "ppo/clipfrac", "ppo/approx_kl",
     "perf/rollout_s", "perf/update_s", "perf/gen_tokens_per_s", "perf/env_steps_per_s",
     "perf/gen_s", "perf/env_s", "perf/values_s", "perf/weight_sync_s", "perf/step_s",
-    "perf/update_flops_per_s", "perf/update_peak_share",
+    "perf/update_flops_per_s", "perf/update_peak_share", "perf/host_peak_rss_gib",
 ]
 # ... only once the entropy window has an entry (k >= 1) ...
 FROM_STEP_ONE = ["epo/entropy_ref", "loss/smooth"]

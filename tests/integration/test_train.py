@@ -131,6 +131,7 @@ def test_the_parts_of_an_rl_step_add_up_to_the_step_and_are_said_in_its_line(com
         untimed.append((step["perf/step_s"] - timed) / max(0.5, 0.1 * timed))
         assert step["perf/gen_s"] + step["perf/env_s"] <= step["perf/rollout_s"]
         assert step["perf/update_flops_per_s"] > 0 and 0 < step["perf/update_peak_share"] < 1
+        assert 0.1 < step["perf/host_peak_rss_gib"] < 64  # the trainer process's resident high-water mark, in GiB
     # Lightning's own loop is the rest: a stage left untimed shows in both steps, a pause of a loaded machine in one
     assert min(untimed) <= 1, steps
     assert sum(bool(row.get("perf/eval_s")) for row in rows) == 2  # an evaluation after each step

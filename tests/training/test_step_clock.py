@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,8 +11,8 @@ import torch
 from lightning_epo.models.loading import load_actor, load_critic
 from lightning_epo.models.lora import add_lora
 from lightning_epo.models.shared_prefix import Sharing
-from lightning_epo.training.step_clock import (StepClock, matmul_peak_flops, model_flops_per_token, step_line,
-                                               update_flops)
+from lightning_epo.training.step_clock import (StepClock, host_peak_rss_gib, matmul_peak_flops, model_flops_per_token,
+                                               perf_metrics, step_line, update_flops)
 
 
 def model_cfg(path):
@@ -73,10 +74,11 @@ def test_the_matmul_peak_is_a_measured_rate():
 def test_the_step_line_names_every_part_present():
     seconds = {"perf/step_s": 10.0, "perf/rollout_s": 4.0, "perf/gen_s": 3.0, "perf/env_s": 0.5,
                "perf/old_logprob_s": 1.0, "perf/values_s": 0.5, "perf/update_s": 4.0, "perf/weight_sync_s": 0.01,
-               "perf/update_flops_per_s": 50e9}
+               "perf/update_flops_per_s": 50e9, "perf/host_peak_rss_gib": 20.46}
     line = step_line(3, seconds, peak=100e9)
     assert line == ("step 3 took 10.0 s: rollout 4.0 s (gen 3.0, env 0.5), old policy 1.5 s (log-probs 1.0, values 0.5), "
-                    "update 4.0 s at 50.0 GFLOP/s (50 % of the matmul peak, 100.0 GFLOP/s), weight push 0.01 s")
+                    "update 4.0 s at 50.0 GFLOP/s (50 % of the matmul peak, 100.0 GFLOP/s), weight push 0.01 s, "
+                    "host memory at most 20.5 GiB")
 
 
 def test_the_step_line_leaves_out_an_old_policy_pass_that_did_not_run():
@@ -121,3 +123,26 @@ def test_a_part_on_the_cpu_keeps_no_peak_memory():
         pass
     clock.fold_peak()
     assert clock.peak_bytes == {}
+
+
+STATM = Path("/proc/self/statm")
+
+
+@pytest.mark.skipif(not STATM.exists(), reason="reads the resident size from Linux's /proc/self/statm")
+def test_the_host_memory_figure_is_the_process_peak_and_rises_when_it_holds_more():
+    """A step's ``perf/host_peak_rss_gib`` is the process's own high-water mark: holding 256 MiB past it (pages
+    written, so resident) raises it by about that much, which a figure of the machine or of torch's allocator would
+    not show."""
+    clock = StepClock(torch.device("cpu"))
+    clock.add("update", 1.0)
+
+    def figure() -> float:
+        return perf_metrics(clock, 1e9, 1e10, lambda t, op="sum": t, world_size=1)["perf/host_peak_rss_gib"]
+
+    before = figure()
+    resident = int(STATM.read_text().split()[1]) * 4096 / 2**30
+    held = torch.ones(int((before - resident + 0.25) * 2**30), dtype=torch.uint8)
+    after = figure()
+    assert host_peak_rss_gib() == pytest.approx(after, abs=0.01)
+    assert after - before == pytest.approx(0.25, abs=0.05), (before, resident, after)
+    del held
