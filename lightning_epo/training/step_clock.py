@@ -158,14 +158,13 @@ def perf_metrics(clock: StepClock, flops: float, peak: float, reduce: Callable[.
     metrics = dict(zip(seconds, total.tolist()))
     flops_per_s = flops / max(metrics["perf/update_s"], 1e-9)
     metrics |= {"perf/update_flops_per_s": flops_per_s, "perf/update_peak_share": flops_per_s / peak}
-    host = reduce(torch.tensor([host_peak_rss_gib()], device=clock.device), "max")
-    metrics["perf/host_peak_rss_gib"] = float(host[0])
+    memory = {"perf/host_peak_rss_gib": host_peak_rss_gib()}  # the memory figures: one "max" over ranks
     if clock.device.type == "cuda":
         clock.fold_peak()
-        names = [f"perf/{'' if part == 'step' else part + '_'}peak_memory_gib" for part in clock.peak_bytes]
-        memory = torch.tensor([float(b) for b in clock.peak_bytes.values()], device=clock.device)
-        metrics |= dict(zip(names, (reduce(memory, "max") / 2**30).tolist()))
-    return metrics
+        memory |= {f"perf/{'' if part == 'step' else part + '_'}peak_memory_gib": nbytes / 2**30
+                   for part, nbytes in clock.peak_bytes.items()}
+    largest = reduce(torch.tensor(list(memory.values()), device=clock.device), "max")
+    return metrics | dict(zip(memory, largest.tolist()))
 
 
 PART_LABELS = {"old_logprob": "log-probs", "values": "values", "ref_logprob": "reference"}

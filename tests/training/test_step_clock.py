@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import time
 from pathlib import Path
 
@@ -140,7 +141,7 @@ def test_the_host_memory_figure_is_the_process_peak_and_rises_when_it_holds_more
         return perf_metrics(clock, 1e9, 1e10, lambda t, op="sum": t, world_size=1)["perf/host_peak_rss_gib"]
 
     before = figure()
-    resident = int(STATM.read_text().split()[1]) * 4096 / 2**30
+    resident = int(STATM.read_text().split()[1]) * resource.getpagesize() / 2**30
     held = torch.ones(int((before - resident + 0.25) * 2**30), dtype=torch.uint8)
     after = figure()
     assert host_peak_rss_gib() == pytest.approx(after, abs=0.01)
