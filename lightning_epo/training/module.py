@@ -130,7 +130,7 @@ class EPOModule(L.LightningModule):
         settings = self._settings()
         targets = step_targets(batch.advantage_inputs(old.get("old_values")), old, self.algo, self._reduce)
         norms_before = self._param_norms()
-        with self.clock.part("update"):  # its first mini-batch fills the old outputs of the ``on_policy`` rows
+        with self.clock.part("update", hand_back=True):  # its first mini-batch fills the on_policy rows' old outputs
             terms, optimizer_steps = self._ppo_update(batch, minis, targets, settings,
                                                       old["entropy"] if len(on_policy) else None)
         self._stop_if(old_policy_not_finite(old, batch.response_mask, self._reduce))  # once the update filled its rows

@@ -10,7 +10,9 @@ kernels a part launched are counted in it, not in the next; the step's peak memo
 each timed part's own ``perf/<part>_peak_memory_gib`` (which phase sets the peak: the rollout, or the update). On
 every device the host memory is ``perf/host_peak_rss_gib``: the trainer process's largest resident size since it
 started (with vLLM in the process, the engine's memory too), on the fullest rank: it rises at the step that needed
-more than any before, which a CPU run's memory would otherwise not show until the kernel kills it.
+more than any before, which a CPU run's memory would otherwise not show until the kernel kills it. Beside it,
+``perf/host_released_gib``: the heap memory the update's activations left free, handed back to the system at the
+update's end (training/host_memory.py; counted in ``perf/update_s``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 from lightning_epo.core.metric_names import STEP_PARTS
 from lightning_epo.models.lora import is_lora
 from lightning_epo.models.shared_prefix import Sharing
+from lightning_epo.training.host_memory import release_free_memory
 
 
 class StepClock:
@@ -40,6 +43,7 @@ class StepClock:
         self.decoder_positions = 0
         self.logit_positions = torch.zeros((), device=device)  # a tensor: counting adds no sync per micro-batch
         self.peak_bytes: dict[str, int] = {}  # CUDA: the largest allocation of each part, and of the whole step
+        self.host_released_gib: float | None = None  # what a part with hand_back=True gave back (the update)
 
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -56,14 +60,17 @@ class StepClock:
         torch.cuda.reset_peak_memory_stats(self.device)
 
     @contextmanager
-    def part(self, name: str) -> Iterator[None]:
+    def part(self, name: str, hand_back: bool = False) -> Iterator[None]:
         """Add the time of the ``with`` block (its CUDA kernels included) to ``perf/<name>_s`` and, on CUDA, its
-        peak memory to ``perf/<name>_peak_memory_gib``."""
+        peak memory to ``perf/<name>_peak_memory_gib``. With ``hand_back`` the block ends by giving the heap's free
+        memory back to the system (training/host_memory.py), the GiB kept for ``perf/host_released_gib``."""
         self._synchronize()
         self.fold_peak()
         began = time.perf_counter()
         try:
             yield
+            if hand_back:
+                self.host_released_gib = release_free_memory()
         finally:
             self._synchronize()
             self.add(name, time.perf_counter() - began)
@@ -151,7 +158,8 @@ def perf_metrics(clock: StepClock, flops: float, peak: float, reduce: Callable[.
     :func:`update_flops`) and its share of the matmul ``peak``, and on CUDA the step's peak memory on the fullest
     GPU (its rollout and its update; the counter is reset for the next step) and each timed part's own
     (``perf/update_peak_memory_gib``: the update's; where the step's is larger, the rollout set it); on every device
-    the host's, :func:`host_peak_rss_gib` on the fullest rank."""
+    the host's, :func:`host_peak_rss_gib` on the fullest rank, and the most any rank's update handed back
+    (``perf/host_released_gib``, where the C library can: training/host_memory.py)."""
     seconds = {f"perf/{part}_s": clock.seconds[part] for part in STEP_PARTS if part in clock.seconds}
     seconds["perf/step_s"] = clock.elapsed()
     total = reduce(torch.tensor(list(seconds.values()), device=clock.device)) / world_size
@@ -159,6 +167,8 @@ def perf_metrics(clock: StepClock, flops: float, peak: float, reduce: Callable[.
     flops_per_s = flops / max(metrics["perf/update_s"], 1e-9)
     metrics |= {"perf/update_flops_per_s": flops_per_s, "perf/update_peak_share": flops_per_s / peak}
     memory = {"perf/host_peak_rss_gib": host_peak_rss_gib()}  # the memory figures: one "max" over ranks
+    if clock.host_released_gib is not None:
+        memory["perf/host_released_gib"] = clock.host_released_gib
     if clock.device.type == "cuda":
         clock.fold_peak()
         memory |= {f"perf/{'' if part == 'step' else part + '_'}peak_memory_gib": nbytes / 2**30
@@ -191,7 +201,9 @@ def step_line(step: int, seconds: dict[str, float], peak: float) -> str:
     if "perf/checkpoint_s" in seconds:
         parts.append(f"checkpoint {s('checkpoint'):.1f} s")
     if "perf/host_peak_rss_gib" in seconds:
-        parts.append(f"host memory at most {seconds['perf/host_peak_rss_gib']:.1f} GiB")
+        released = seconds.get("perf/host_released_gib")
+        parts.append(f"host memory at most {seconds['perf/host_peak_rss_gib']:.1f} GiB"
+                     + (f" ({released:.1f} GiB freed by the update handed back)" if released is not None else ""))
     return f"step {step} took {s('step'):.1f} s: " + ", ".join(parts)
 
 

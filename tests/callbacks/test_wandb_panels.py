@@ -25,6 +25,7 @@ EVERY_STEP = [
     "perf/rollout_s", "perf/update_s", "perf/gen_tokens_per_s", "perf/env_steps_per_s",
     "perf/gen_s", "perf/env_s", "perf/values_s", "perf/weight_sync_s", "perf/step_s",
     "perf/update_flops_per_s", "perf/update_peak_share", "perf/host_peak_rss_gib",
+    "perf/host_released_gib",  # glibc on Linux (training/host_memory.py), as on every machine that runs make test
 ]
 # ... only once the entropy window has an entry (k >= 1) ...
 FROM_STEP_ONE = ["epo/entropy_ref", "loss/smooth"]

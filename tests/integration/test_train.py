@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lightning_epo.runtime.run import run
+from lightning_epo.training.host_memory import release_free_memory
 
 FAST = ["debug=fast", "logger=csv", "~callbacks.progress_bar"]
 ALGOS = ["ppo", "grpo", "ppo_epo", "grpo_epo", "gigpo", "gigpo_epo", "ppo_epo_base", "ppo_epo_const_beta", "ppo_epo_decay", "ppo_ea", "sft"]
@@ -132,6 +133,8 @@ def test_the_parts_of_an_rl_step_add_up_to_the_step_and_are_said_in_its_line(com
         assert step["perf/gen_s"] + step["perf/env_s"] <= step["perf/rollout_s"]
         assert step["perf/update_flops_per_s"] > 0 and 0 < step["perf/update_peak_share"] < 1
         assert 0.1 < step["perf/host_peak_rss_gib"] < 64  # the trainer process's resident high-water mark, in GiB
+        if release_free_memory() is not None:  # the update's freed heap, handed back (glibc on Linux)
+            assert 0 <= step["perf/host_released_gib"] < step["perf/host_peak_rss_gib"]
     # Lightning's own loop is the rest: a stage left untimed shows in both steps, a pause of a loaded machine in one
     assert min(untimed) <= 1, steps
     assert sum(bool(row.get("perf/eval_s")) for row in rows) == 2  # an evaluation after each step

@@ -75,11 +75,11 @@ def test_the_matmul_peak_is_a_measured_rate():
 def test_the_step_line_names_every_part_present():
     seconds = {"perf/step_s": 10.0, "perf/rollout_s": 4.0, "perf/gen_s": 3.0, "perf/env_s": 0.5,
                "perf/old_logprob_s": 1.0, "perf/values_s": 0.5, "perf/update_s": 4.0, "perf/weight_sync_s": 0.01,
-               "perf/update_flops_per_s": 50e9, "perf/host_peak_rss_gib": 20.46}
+               "perf/update_flops_per_s": 50e9, "perf/host_peak_rss_gib": 20.46, "perf/host_released_gib": 6.94}
     line = step_line(3, seconds, peak=100e9)
     assert line == ("step 3 took 10.0 s: rollout 4.0 s (gen 3.0, env 0.5), old policy 1.5 s (log-probs 1.0, values 0.5), "
                     "update 4.0 s at 50.0 GFLOP/s (50 % of the matmul peak, 100.0 GFLOP/s), weight push 0.01 s, "
-                    "host memory at most 20.5 GiB")
+                    "host memory at most 20.5 GiB (6.9 GiB freed by the update handed back)")
 
 
 def test_the_step_line_leaves_out_an_old_policy_pass_that_did_not_run():
