@@ -8,12 +8,10 @@ free but resident. Measured on the ScienceWorld recipe (``experiment=smollm2_sci
 2026-12-03, Intel Xeon 2 cores AVX-512; glibc's ``mallinfo2`` read after each RL step): 11.0 GiB resident after
 the first step, of which 6.8 GiB free inside the arenas, 1.3 GiB in use and 1.0 GiB of live tensors; 13.0 GiB
 after the second (8.7 GiB free); a 24-step run was killed for memory at 20.5 GB in its 15th step. Handing the free
-pages back (glibc's ``malloc_trim(0)``) took the process from 11.2 to 4.2 GiB there. It does not stop the growth:
-each update faults its memory in again, and what it touches grows with the process's steps (handed back: 7.1, 8.5,
-9.4, 10.3, 11.2 GiB over 5 steps of that run resumed, its peak 11.6 to 16.5 GiB, its speed 178 to 139 GFLOP/s; the
-same run resumed in a fresh process: 7.0 GiB, 11.5 GiB, 177 GFLOP/s). What it gives is the figure that shows the
-growth, ``perf/host_released_gib``, and the memory between updates for the rest of the machine. docs/real_model.md,
-"ScienceWorld", has the alternatives measured (a fixed mmap threshold, jemalloc: lower peaks, slower updates).
+pages back (glibc's ``malloc_trim(0)``) took the process from 11.2 to 4.2 GiB there. It does not stop the growth
+(each update faults in more than the one before, a fresh process undoes it): what it gives is the figure that shows
+the growth, ``perf/host_released_gib``, and the memory between updates for the rest of the machine.
+docs/real_model.md, "ScienceWorld", has the figures and the alternatives measured (a fixed mmap threshold, jemalloc).
 
 Where the C library has no ``malloc_trim`` (macOS, musl) nothing is done and nothing is reported.
 """
