@@ -25,6 +25,7 @@ from lightning_epo.envs.alfworld_data import REPO_ROOT as REPO
 from lightning_epo.runtime.config import DEEPSPEED_FACTORY, cpu_computes_bf16
 from lightning_epo.runtime.engine_choice import choose_engine, installed_version, is_vllm, vllm_distribution
 from lightning_epo.runtime.resolvers import register_resolvers
+from lightning_epo.training import host_memory
 
 OK, WARN, FAIL, UNUSED = "ok", "warn", "FAIL", "-"
 
@@ -311,6 +312,19 @@ def check_memory(cfg: DictConfig, shape: Shape) -> tuple[Line, float]:
     return Line(OK, "memory", detail), checkpoint
 
 
+def check_allocator(cfg: DictConfig) -> Line:
+    """The host allocator of a CPU run; on glibc's malloc, whose heap grows over a long run's updates, how to run
+    on jemalloc (training/host_memory.py). Not used where the GPU trains."""
+    if cfg.trainer.get("accelerator") in ("gpu", "cuda") or on_gpu(cfg):
+        return Line(UNUSED, "allocator", "the update's activations are GPU memory")
+    name = host_memory.allocator()
+    if name != "glibc":
+        return Line(OK, "allocator", name)
+    return Line(OK, "allocator", f"glibc (a long CPU run's heap can grow under it: the run warns when its growth "
+                                 f"would outrun this machine's memory; jemalloc does not grow: "
+                                 f"{host_memory.preload_advice()})")
+
+
 def check_config(cfg: DictConfig) -> Line:
     """The run's own start checks (lightning_epo/runtime/config.py), as ``train.py`` runs them."""
     from lightning_epo.runtime.config import check_machine, validate
@@ -336,11 +350,11 @@ def all_checks(cfg: DictConfig, run_dir: Path) -> list[Line]:
     lines.append(model_line)
     shape = _shape(cfg, local)
     if shape is None:
-        lines.append(Line(WARN, "memory", "no estimate: the model's config.json is not on this machine yet"))
-        lines.append(check_disk(run_dir, 0.0))
+        memory_line, checkpoint_bytes = Line(WARN, "memory", "no estimate: the model's config.json is not on this "
+                                                             "machine yet"), 0.0
     else:
         memory_line, checkpoint_bytes = check_memory(cfg, shape)
-        lines += [memory_line, check_disk(run_dir, checkpoint_bytes)]
+    lines += [memory_line, check_allocator(cfg), check_disk(run_dir, checkpoint_bytes)]
     lines.append(check_config(cfg))
     return lines
 
