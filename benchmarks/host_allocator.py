@@ -6,13 +6,14 @@ and under jemalloc (preloaded), each arm a fresh ``train.py`` process from the s
         total_steps=24 stop_at_step=6 warm_start=null model.name_or_path=W/policy
 
 Each arm runs ``train.py OVERRIDES logger=csv hydra.run.dir=OUT/<arm>`` with this Python, ``LD_PRELOAD`` set to
-``--jemalloc`` for the jemalloc arm and removed for glibc's, in ``--order``; an arm whose run directory already
-holds a metrics log is read back, not run again. Where the run is deterministic (the same seed, policy and engine)
-both arms play the same episodes and step k's update does the same work in both: the table shows that work (TFLOP,
-the update's seconds times its FLOP/s) beside each arm's update seconds, step seconds, the process's peak resident
-size so far (``perf/host_peak_rss_gib``) and what the update's hand-back freed (``perf/host_released_gib``), and
-the jemalloc/glibc ratio of the update's seconds per step, with its mean and a t-interval over the steps (steps of
-one run are not independent draws: the interval is the spread of the ratio, not a sampling bound).
+``--jemalloc`` for the jemalloc arm (and ``MALLOC_CONF`` to ``--malloc-conf`` where given) and removed for glibc's, in
+``--order``; an arm whose run directory already holds a metrics log is read back, not run again. Where the run is
+deterministic (the same seed, policy and engine) both arms play the same episodes and step k's update does the same
+work in both: the table shows that work (TFLOP, the update's seconds times its FLOP/s) beside each arm's update
+seconds, step seconds, the process's peak resident size so far (``perf/host_peak_rss_gib``) and what the update's
+hand-back freed (``perf/host_released_gib``), and the jemalloc/glibc ratio of the update's seconds per step, with its
+mean and a t-interval over the steps (steps of one run are not independent draws: the interval is the spread of the
+ratio, not a sampling bound).
 docs/real_model.md, "ScienceWorld", has the SmolLM2 figures.
 """
 
@@ -38,15 +39,18 @@ FIGURES = ("perf/update_s", "perf/update_flops_per_s", "perf/step_s", "perf/host
            "perf/host_released_gib")
 
 
-def arm_env(arm: str, jemalloc: Path) -> dict[str, str]:
-    """This process's environment with ``LD_PRELOAD`` naming ``jemalloc`` (arm ``jemalloc``) or unset (``glibc``)."""
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+def arm_env(arm: str, jemalloc: Path, malloc_conf: str | None = None) -> dict[str, str]:
+    """This process's environment with ``LD_PRELOAD`` naming ``jemalloc`` (arm ``jemalloc``, with ``MALLOC_CONF``
+    set to ``malloc_conf`` where given) or unset (``glibc``)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
     if arm == "jemalloc":
         env["LD_PRELOAD"] = str(jemalloc)
+        if malloc_conf:
+            env["MALLOC_CONF"] = malloc_conf
     return env
 
 
-def run_arm(arm: str, overrides: list[str], out: Path, jemalloc: Path) -> Path:
+def run_arm(arm: str, overrides: list[str], out: Path, jemalloc: Path, malloc_conf: str | None) -> Path:
     """Runs ``train.py`` for ``arm`` (unless its run directory has a metrics log); returns the run directory."""
     run_dir = out / arm
     if any(run_dir.glob("csv/**/metrics.csv")):
@@ -56,7 +60,8 @@ def run_arm(arm: str, overrides: list[str], out: Path, jemalloc: Path) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(run_dir / "train.log", "w") as log:
-        code = subprocess.call(command, cwd=REPO_ROOT, env=arm_env(arm, jemalloc), stdout=log, stderr=log)
+        code = subprocess.call(command, cwd=REPO_ROOT, env=arm_env(arm, jemalloc, malloc_conf), stdout=log,
+                               stderr=log)
     print(f"{arm}: exit {code} after {time.monotonic() - start:.0f} s ({run_dir / 'train.log'})", flush=True)
     if code != 0:
         sys.exit(f"the {arm} run failed: see {run_dir / 'train.log'}")
@@ -78,13 +83,15 @@ def main() -> None:
     parser.add_argument("--jemalloc", type=Path, required=True, help="the libjemalloc.so.2 to preload")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "host_allocator")
     parser.add_argument("--order", nargs=2, choices=ARMS, default=list(ARMS), help="which arm runs first")
+    parser.add_argument("--malloc-conf", help="jemalloc's options for its arm (MALLOC_CONF), e.g. oversize_threshold:0")
     parser.add_argument("overrides", nargs="+", help="train.py's overrides (after --)")
     args = parser.parse_args()
     if not args.jemalloc.is_file():
         sys.exit(f"--jemalloc {args.jemalloc} is not a file: install jemalloc (Debian/Ubuntu: apt install "
                  "libjemalloc2) and name its libjemalloc.so.2")
     print(machine_line(), flush=True)
-    runs = {arm: step_figures(run_arm(arm, args.overrides, args.out, args.jemalloc)) for arm in args.order}
+    runs = {arm: step_figures(run_arm(arm, args.overrides, args.out, args.jemalloc, args.malloc_conf))
+            for arm in args.order}
     rows, ratios = [], []
     for step in sorted(set(runs["glibc"]) & set(runs["jemalloc"])):
         glibc, jemalloc = runs["glibc"][step], runs["jemalloc"][step]
@@ -100,7 +107,8 @@ def main() -> None:
                      *(f"{glibc.get(k, float('nan')):.2f} / {jemalloc.get(k, float('nan')):.2f}"
                        for k in ("perf/host_peak_rss_gib", "perf/host_released_gib")),
                      f"{ratio:.3f}"])
-    print(f"overrides: {' '.join(args.overrides)}; order: {' then '.join(args.order)}")
+    print(f"overrides: {' '.join(args.overrides)}; order: {' then '.join(args.order)}; jemalloc's MALLOC_CONF: "
+          f"{args.malloc_conf or '(its defaults)'}")
     print_table(["RL step", "update TFLOP (glibc / jemalloc)", "update s", "step s", "update GFLOP/s",
                  "peak resident GiB", "handed back GiB", "update s, jemalloc / glibc"], rows)
     if len(ratios) >= 2:
