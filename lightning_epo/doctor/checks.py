@@ -25,9 +25,10 @@ from lightning_epo.envs.alfworld_data import REPO_ROOT as REPO
 from lightning_epo.runtime.config import DEEPSPEED_FACTORY, cpu_computes_bf16
 from lightning_epo.runtime.engine_choice import choose_engine, installed_version, is_vllm, vllm_distribution
 from lightning_epo.runtime.resolvers import register_resolvers
-from lightning_epo.training import host_memory
+from lightning_epo.training import allocator
 
 OK, WARN, FAIL, UNUSED = "ok", "warn", "FAIL", "-"
+LONG_CPU_RUN = 10  # RL steps past which a CPU run's heap grows enough under glibc to name jemalloc (allocator line)
 
 
 @dataclass(frozen=True)
@@ -313,16 +314,17 @@ def check_memory(cfg: DictConfig, shape: Shape) -> tuple[Line, float]:
 
 
 def check_allocator(cfg: DictConfig) -> Line:
-    """The host allocator of a CPU run; on glibc's malloc, whose heap grows over a long run's updates, how to run
-    on jemalloc (training/host_memory.py). Not used where the GPU trains."""
+    """The host allocator of a CPU run; on glibc's malloc, whose heap grows over a long run's updates, how to run on
+    jemalloc, for a run of more than ``LONG_CPU_RUN`` RL steps (docs/host_allocator_cpu.md: jemalloc did not grow but
+    its updates were slower, so it is named, not preloaded). Not used where the GPU trains."""
     if cfg.trainer.get("accelerator") in ("gpu", "cuda") or on_gpu(cfg):
         return Line(UNUSED, "allocator", "the update's activations are GPU memory")
-    name = host_memory.allocator()
-    if name != "glibc":
+    name = allocator.current()
+    if name != "glibc" or cfg.total_steps <= LONG_CPU_RUN:
         return Line(OK, "allocator", name)
-    return Line(OK, "allocator", f"glibc (a long CPU run's heap can grow under it: the run warns when its growth "
-                                 f"would outrun this machine's memory; jemalloc does not grow: "
-                                 f"{host_memory.preload_advice()})")
+    return Line(OK, "allocator", f"glibc: over {cfg.total_steps} RL steps its heap can grow (the run warns where the "
+                                 f"growth would outrun this machine's memory); jemalloc did not grow but updated "
+                                 f"slower: {allocator.preload_advice()}")
 
 
 def check_config(cfg: DictConfig) -> Line:

@@ -15,11 +15,9 @@ docs/real_model.md, "ScienceWorld", has the figures and the alternatives measure
 
 Where the C library has no ``malloc_trim`` (macOS, musl) nothing is done and nothing is reported.
 
-Under jemalloc the heap did not grow over a long run (docs/real_model.md, "ScienceWorld"), but an allocator can only
-be chosen before the process starts (``LD_PRELOAD``): :func:`allocator` says which one the process runs on and
-:func:`find_jemalloc` where an installed one is (the doctor's line, lightning_epo/doctor/checks.py), and
-:func:`growth_warning` tells a run whose memory grows fast enough to outrun the machine before its last step
-(callbacks/host_memory_watch.py).
+Under jemalloc the heap did not grow over a long run (docs/real_model.md, "ScienceWorld"); an allocator is chosen
+before the process starts (training/allocator.py). :func:`growth_warning` tells a run whose memory grows fast enough
+to outrun the machine before its last step (callbacks/host_memory_watch.py), with the fix.
 """
 
 from __future__ import annotations
@@ -31,9 +29,9 @@ from functools import cache
 from pathlib import Path
 from typing import Callable, Sequence
 
+from lightning_epo.training import allocator
+
 STATM = Path("/proc/self/statm")  # Linux: the process's sizes in pages, the resident size second
-JEMALLOC_PLACES = tuple(Path(lib) / "libjemalloc.so.2" for lib in (  # Debian/Ubuntu, Fedora/RHEL, source builds
-    "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib"))
 
 
 def resident_gib() -> float:
@@ -45,31 +43,6 @@ def resident_gib() -> float:
 def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim`` from the process's own symbols, or ``None`` where the C library has none."""
     return getattr(ctypes.CDLL(None), "malloc_trim", None)
-
-
-def allocator() -> str:
-    """The malloc this process runs on, told by a symbol only it exports: ``"jemalloc"`` (``mallctl``),
-    ``"tcmalloc"`` (``MallocExtension_GetNumericProperty``), ``"glibc"`` (``malloc_trim``: looked up last, since a
-    preloaded allocator leaves glibc loaded beneath it), else ``"unknown"``."""
-    symbols = ctypes.CDLL(None)
-    for symbol, name in (("mallctl", "jemalloc"), ("MallocExtension_GetNumericProperty", "tcmalloc"),
-                         ("malloc_trim", "glibc")):
-        if hasattr(symbols, symbol):
-            return name
-    return "unknown"
-
-
-def find_jemalloc() -> Path | None:
-    """An installed ``libjemalloc.so.2`` in the usual library folders (``JEMALLOC_PLACES``), or ``None``."""
-    return next((path for path in JEMALLOC_PLACES if path.is_file()), None)
-
-
-def preload_advice() -> str:
-    """How to run on jemalloc here: ``LD_PRELOAD`` of the installed library, or how to install it."""
-    library = find_jemalloc()
-    if library is not None:
-        return f"LD_PRELOAD={library}"
-    return "apt install libjemalloc2, then LD_PRELOAD=<its libjemalloc.so.2>"
 
 
 def growth_warning(peaks: Sequence[float], steps_done: int, total_steps: int, capacity_gib: float,
@@ -89,8 +62,9 @@ def growth_warning(peaks: Sequence[float], steps_done: int, total_steps: int, ca
         return None
     full_at = steps_done + math.ceil((capacity_gib - peaks[-1]) / growth)
     fixes = "stop and resume it with ckpt_path=last before then (a fresh process starts low again)"
-    if allocator() == "glibc":
-        fixes = f"run it on jemalloc, whose heap did not grow ({preload_advice()}), or {fixes}"
+    if allocator.current() == "glibc":
+        fixes = (f"run it on jemalloc, whose heap did not grow though its update was slower "
+                 f"({allocator.preload_advice()}), or {fixes}")
     return (f"host memory: this process's peak rose {growth:.2f} GiB an RL step over its last {len(peaks) - 1} "
             f"steps, to {peaks[-1]:.1f} GiB; at that rate it passes the {capacity_gib:.1f} GiB it has of this "
             f"machine near RL step {full_at} of {total_steps}: {fixes} (docs/real_model.md, \"ScienceWorld\")")

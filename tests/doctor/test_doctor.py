@@ -16,7 +16,7 @@ import torch
 from lightning_epo.doctor import checks
 from lightning_epo.doctor.__main__ import main
 from lightning_epo.doctor.memory import KNOWN_SHAPES, Shape
-from lightning_epo.training import host_memory
+from lightning_epo.training import allocator
 
 COMPONENTS = ["python", "torch", "transformers", "lightning", "deepspeed", "vllm", "peft", "java", "alfworld data",
               "model", "memory", "allocator", "disk", "config"]
@@ -95,19 +95,20 @@ def test_a_vllm_built_for_another_torch_fails_a_vllm_run(monkeypatch, capsys):
     assert "warn  vllm" in capsys.readouterr().out
 
 
-def test_a_cpu_run_on_glibc_s_malloc_is_told_how_to_run_on_jemalloc(monkeypatch, tmp_path):
-    """glibc's heap grows over a long CPU run (docs/real_model.md, "ScienceWorld"): its line names the preload, the
-    library's path where one is installed; a jemalloc run is just named, a GPU run does not use it."""
-    monkeypatch.setattr(host_memory, "allocator", lambda: "glibc")
-    monkeypatch.setattr(host_memory, "find_jemalloc", lambda: None)
-    status, detail = by_component(doctor()[1])["allocator"]
-    assert status == "ok" and detail.startswith("glibc") and "apt install libjemalloc2" in detail
-    monkeypatch.setattr(host_memory, "find_jemalloc", lambda: tmp_path / "libjemalloc.so.2")
-    assert f"LD_PRELOAD={tmp_path / 'libjemalloc.so.2'}" in by_component(doctor()[1])["allocator"][1]
-    monkeypatch.setattr(host_memory, "allocator", lambda: "jemalloc")
-    assert by_component(doctor()[1])["allocator"] == ("ok", "jemalloc")
-    monkeypatch.setattr(host_memory, "allocator", lambda: "glibc")
-    assert by_component(doctor("trainer=gpu")[1])["allocator"][0] == "-"
+def test_a_long_cpu_run_on_glibc_s_malloc_is_told_how_to_run_on_jemalloc(monkeypatch, tmp_path):
+    """glibc's heap grows over a long CPU run (docs/host_allocator_cpu.md): past 10 RL steps the line names the
+    preload, the library's path where one is installed; a shorter run, a jemalloc run and a GPU run are not told."""
+    monkeypatch.setattr(allocator, "current", lambda: "glibc")
+    monkeypatch.setattr(allocator, "find_jemalloc", lambda: None)
+    status, detail = by_component(doctor("total_steps=11")[1])["allocator"]
+    assert status == "ok" and detail.startswith("glibc: over 11 RL steps") and "apt install libjemalloc2" in detail
+    assert by_component(doctor("total_steps=10")[1])["allocator"] == ("ok", "glibc")
+    monkeypatch.setattr(allocator, "find_jemalloc", lambda: tmp_path / "libjemalloc.so.2")
+    assert f"LD_PRELOAD={tmp_path / 'libjemalloc.so.2'}" in by_component(doctor("total_steps=24")[1])["allocator"][1]
+    monkeypatch.setattr(allocator, "current", lambda: "jemalloc")
+    assert by_component(doctor("total_steps=24")[1])["allocator"] == ("ok", "jemalloc")
+    monkeypatch.setattr(allocator, "current", lambda: "glibc")
+    assert by_component(doctor("trainer=gpu", "total_steps=24")[1])["allocator"][0] == "-"
 
 
 @pytest.mark.parametrize("name", sorted(KNOWN_SHAPES))

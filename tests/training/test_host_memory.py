@@ -1,18 +1,13 @@
-"""The heap's free memory goes back to the system after an update, and the process says which allocator it runs on
+"""The heap's free memory goes back to the system after an update, and a growth that would outrun the machine is told
 (lightning_epo/training/host_memory.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from lightning_epo.training import host_memory
-from lightning_epo.training.host_memory import STATM, _malloc_trim, allocator, find_jemalloc, growth_warning, \
-    release_free_memory, resident_gib
+from lightning_epo.training import allocator
+from lightning_epo.training.host_memory import STATM, _malloc_trim, growth_warning, release_free_memory, resident_gib
 
 glibc = pytest.mark.skipif(not STATM.exists() or _malloc_trim() is None,
                            reason="glibc's malloc_trim and Linux's /proc/self/statm")
@@ -53,41 +48,6 @@ def test_without_malloc_trim_nothing_is_done_or_reported(monkeypatch):
     assert release_free_memory() is None
 
 
-@glibc
-def test_a_process_without_a_preload_runs_on_glibc_s_malloc():
-    assert os.environ.get("LD_PRELOAD") is None or "jemalloc" not in os.environ["LD_PRELOAD"]
-    assert allocator() == "glibc"
-
-
-@pytest.mark.parametrize(("symbol", "name"), [("mallctl", "jemalloc"), ("MallocExtension_GetNumericProperty",
-                                                                        "tcmalloc"), ("malloc_trim", "glibc")])
-def test_an_allocator_is_told_by_the_symbol_only_it_exports(monkeypatch, symbol, name):
-    """jemalloc's ``mallctl`` and tcmalloc's ``MallocExtension_*`` are looked up before glibc's ``malloc_trim``,
-    which a preloaded allocator leaves in place (glibc is still loaded beneath it)."""
-    symbols = type("Symbols", (), {symbol: object(), "malloc_trim": object()})()
-    monkeypatch.setattr(host_memory.ctypes, "CDLL", lambda name: symbols)
-    assert allocator() == name
-    monkeypatch.setattr(host_memory.ctypes, "CDLL", lambda name: object())
-    assert allocator() == "unknown"
-
-
-def test_a_jemalloc_is_found_in_the_usual_places_only_where_it_is(tmp_path, monkeypatch):
-    library = tmp_path / "lib" / "libjemalloc.so.2"
-    monkeypatch.setattr(host_memory, "JEMALLOC_PLACES", (tmp_path / "none" / "libjemalloc.so.2", library))
-    assert find_jemalloc() is None
-    library.parent.mkdir()
-    library.write_bytes(b"")
-    assert find_jemalloc() == library
-
-
-@pytest.mark.skipif(find_jemalloc() is None, reason="no jemalloc installed in the usual places")
-def test_a_preloaded_jemalloc_is_named():
-    named = subprocess.run([sys.executable, "-c", "from lightning_epo.training.host_memory import allocator; "
-                            "print(allocator())"], env=os.environ | {"LD_PRELOAD": str(find_jemalloc())},
-                           capture_output=True, text=True, check=True).stdout.strip()
-    assert named == "jemalloc"
-
-
 # peaks (GiB) after the ScienceWorld recipe's first RL steps in one process on a 2-core AMD EPYC (docs/real_model.md,
 # "jemalloc does not grow"): seed 0 under glibc, steps 0-3; the long comparison's seed 1 under jemalloc, steps 0-5
 GLIBC_SEED_0 = [12.73, 13.96, 14.01, 14.63]
@@ -97,13 +57,13 @@ JEMALLOC_SEED_1 = [9.4, 9.4, 9.5, 9.6, 9.6, 9.6]
 def test_memory_growing_past_the_machine_before_the_last_step_is_told_with_the_step_and_the_fix(monkeypatch):
     """Seed 0's first four steps under glibc on a 23.5 GiB machine: 0.63 GiB a step from 14.6 GiB passes it near
     step 19 of 24 (14.63 + 0.633 x 15 = 24.1)."""
-    monkeypatch.setattr(host_memory, "allocator", lambda: "glibc")
-    monkeypatch.setattr(host_memory, "find_jemalloc", lambda: None)
+    monkeypatch.setattr(allocator, "current", lambda: "glibc")
+    monkeypatch.setattr(allocator, "find_jemalloc", lambda: None)
     warning = growth_warning(GLIBC_SEED_0, steps_done=4, total_steps=24, capacity_gib=23.5)
     assert "rose 0.63 GiB an RL step over its last 3 steps, to 14.6 GiB" in warning
     assert "near RL step 19 of 24" in warning
     assert "apt install libjemalloc2" in warning and "ckpt_path=last" in warning
-    monkeypatch.setattr(host_memory, "allocator", lambda: "jemalloc")
+    monkeypatch.setattr(allocator, "current", lambda: "jemalloc")
     warning = growth_warning(GLIBC_SEED_0, steps_done=4, total_steps=24, capacity_gib=23.5)
     assert "ckpt_path=last" in warning and "jemalloc" not in warning
 
