@@ -29,9 +29,9 @@ class HostMemoryWatch(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        self.peaks.append(host_peak_rss_gib())
         if self.warned or not trainer.is_global_zero:
             return
+        self.peaks.append(host_peak_rss_gib())
         capacity = psutil.virtual_memory().total / GIB / max(trainer.num_devices, 1)
         warning = growth_warning(self.peaks, pl_module.rl_step, self.total_steps, capacity)
         if warning is not None:

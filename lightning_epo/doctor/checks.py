@@ -75,6 +75,11 @@ def on_gpu(cfg: DictConfig) -> bool:
     return cfg.trainer.get("accelerator") in ("gpu", "cuda", "auto") and torch.cuda.is_available()
 
 
+def wants_gpu(cfg: DictConfig) -> bool:
+    """The configuration asks for a GPU (``trainer.accelerator`` gpu or cuda), whether or not this machine has one."""
+    return cfg.trainer.get("accelerator") in ("gpu", "cuda")
+
+
 def check_python() -> Line:
     version = platform.python_version()
     if sys.version_info < (3, 11):
@@ -287,27 +292,27 @@ def check_memory(cfg: DictConfig, shape: Shape) -> tuple[Line, float]:
     import psutil
 
     devices = cfg.trainer.get("devices", 1)
-    wants_gpu, gpu = cfg.trainer.get("accelerator") in ("gpu", "cuda"), on_gpu(cfg)
+    wants, gpu = wants_gpu(cfg), on_gpu(cfg)
     world = (max(torch.cuda.device_count(), 1) if devices == "auto" else int(devices))
     world *= int(cfg.trainer.get("num_nodes", 1) or 1)
     if gpu:
         capacity = torch.cuda.get_device_properties(0).total_memory
     else:
-        capacity = ASSUMED_GPU_BYTES if wants_gpu else psutil.virtual_memory().total
-    result = estimate(shape, cfg, world, capacity, wants_gpu)
-    scope = "per GPU" if wants_gpu else "per process"
-    if not wants_gpu and world > 1:  # CPU ranks share the machine's memory
+        capacity = ASSUMED_GPU_BYTES if wants else psutil.virtual_memory().total
+    result = estimate(shape, cfg, world, capacity, wants)
+    scope = "per GPU" if wants else "per process"
+    if not wants and world > 1:  # CPU ranks share the machine's memory
         result = type(result)({k: v * world for k, v in result.parts.items()}, capacity)
         scope = f"{world} processes"
-    checkpoint = (result.parts["weights"] + result.parts["optimizer"]) * (world if wants_gpu else 1)
+    checkpoint = (result.parts["weights"] + result.parts["optimizer"]) * (world if wants else 1)
     detail = f"{scope}: {result.describe()} (an estimate, not a bound; {_count(shape.parameters)} parameters)"
     if not result.fits:
-        return Line(FAIL if gpu or not wants_gpu else WARN, "memory",
+        return Line(FAIL if gpu or not wants else WARN, "memory",
                     f"{detail}: does not fit: try model.lora.r=8, model.gradient_checkpointing=true, a smaller "
                     "algo.micro_batch_tokens (or algo.micro_batch_size), trainer=deepspeed_stage_3, or a lower "
                     "rollout.engine.gpu_memory_utilization"
                     ), checkpoint
-    if wants_gpu and not gpu:
+    if wants and not gpu:
         return Line(WARN, "memory", f"{detail.replace('GiB of', 'GiB of an assumed', 1)}: no GPU here to check"), \
             checkpoint
     return Line(OK, "memory", detail), checkpoint
@@ -317,7 +322,7 @@ def check_allocator(cfg: DictConfig) -> Line:
     """The host allocator of a CPU run; on glibc's malloc, whose heap grows over a long run's updates, how to run on
     jemalloc, for a run of more than ``LONG_CPU_RUN`` RL steps (docs/host_allocator_cpu.md: jemalloc did not grow but
     its updates were slower, so it is named, not preloaded). Not used where the GPU trains."""
-    if cfg.trainer.get("accelerator") in ("gpu", "cuda") or on_gpu(cfg):
+    if wants_gpu(cfg) or on_gpu(cfg):
         return Line(UNUSED, "allocator", "the update's activations are GPU memory")
     name = allocator.current()
     if name != "glibc" or cfg.total_steps <= LONG_CPU_RUN:
