@@ -11,6 +11,7 @@ from lightning_epo.algos.registry import Registry
 
 POLICY_LOSSES: Registry = Registry("policy loss")
 KL_ESTIMATORS: Registry = Registry("KL estimator")
+LOSSES_WITHOUT_OLD_LOGPROBS = frozenset({"nll"})  # policy losses that read no old log-probs: no old-policy pass
 
 
 @POLICY_LOSSES.register("clipped")

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from lightning_epo.algos.losses import LOSSES_WITHOUT_OLD_LOGPROBS
 from lightning_epo.models.shared_prefix import Sharing, prefix_hosts, shared_prefix_length
 from lightning_epo.rollout.batch import RolloutBatch
 
@@ -75,10 +76,10 @@ def episode_rows(traj_ids: torch.Tensor, rows: torch.Tensor) -> list[torch.Tenso
 
 
 def step_mini_batches(traj_ids: torch.Tensor, algo: Mapping[str, Any], seed: int
-                      ) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
+                      ) -> tuple[list[list[torch.Tensor]], int]:
     """One RL step's mini-batches: every PPO epoch (``algo.ppo_epochs``) a random permutation (drawn from ``seed``)
     of the step's rows (``traj_ids`` ``[N]``: each row's episode), or with ``algo.batch_by_episode`` of its episodes,
-    cut into ``algo.mini_batches`` parts of row indices ``[~N / mini_batches]``; and their :func:`on_policy_rows`."""
+    cut into ``algo.mini_batches`` parts of row indices ``[~N / mini_batches]``; and :func:`update_fills`' count."""
     generator, parts = torch.Generator().manual_seed(seed), algo["mini_batches"]
     if algo.get("batch_by_episode"):
         episodes = traj_ids.unique()
@@ -89,16 +90,27 @@ def step_mini_batches(traj_ids: torch.Tensor, algo: Mapping[str, Any], seed: int
     else:
         minis = [list(torch.randperm(len(traj_ids), generator=generator).to(traj_ids.device).tensor_split(parts))
                  for _ in range(algo["ppo_epochs"])]
-    return minis, on_policy_rows(minis, bool(algo.get("advantage_shaping")))
+    reads_old = algo.get("policy_loss", "clipped") not in LOSSES_WITHOUT_OLD_LOGPROBS
+    return minis, update_fills(minis, bool(algo.get("advantage_shaping")), reads_old)
 
 
-def on_policy_rows(minis: list[list[torch.Tensor]], entropy_shaped: bool) -> torch.Tensor:
-    """The rows ``[m]`` whose first forward in the update comes before its first optimizer step: the first
-    mini-batch of the first epoch (of ``minis``). That forward runs on the rollout's policy,
-    so its detached log-probs and entropies are the old policy's and the old-policy pass leaves these rows to it
-    (all rows with one epoch of one mini-batch, the default). No rows where advantages are ``entropy_shaped``
-    (``algo.advantage_shaping``: they read the old entropies before the update)."""
-    return minis[0][0][:0] if entropy_shaped else minis[0][0]
+def update_fills(minis: list[list[torch.Tensor]], entropy_shaped: bool, loss_reads_old: bool) -> int:
+    """How many of the first epoch's mini-batches (of ``minis``) give their rows' old log-probs and entropies from
+    the update's own forward, so that the old-policy pass leaves those rows out (:func:`filled_rows`).
+
+    Where the loss reads the old log-probs (PPO's ratio, Eq. 3), 1: the first mini-batch's forward comes before the
+    first optimizer step, so it runs on the rollout's policy (all rows with one epoch of one mini-batch, the
+    default). Where it reads none (``loss_reads_old`` False: the nll loss of ``algo=sft``), every mini-batch of the
+    first epoch: each row's first forward gives its log-probs and entropies under the policy as it trains (the
+    step's entropy panels and ``ppo/approx_kl`` then describe that policy, not the one that played), and the actor
+    has no old-policy pass. 0 where advantages are ``entropy_shaped`` (``algo.advantage_shaping``: they read the
+    old entropies before the update)."""
+    return 0 if entropy_shaped else len(minis[0]) if not loss_reads_old else 1
+
+
+def filled_rows(minis: list[list[torch.Tensor]], fills: int) -> torch.Tensor:
+    """The rows ``[m]`` of the first epoch's first ``fills`` mini-batches (:func:`update_fills`)."""
+    return torch.cat(minis[0][:fills]) if fills else minis[0][0][:0]
 
 
 def rows_or_first(rows: torch.Tensor) -> torch.Tensor:

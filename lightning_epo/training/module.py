@@ -55,7 +55,7 @@ from lightning_epo.training.distributed import accumulation_boundary, hf_zero3_c
 from lightning_epo.training.divergence_guard import DivergenceGuard, diverged_error, old_policy_not_finite, param_norms
 from lightning_epo.training.eval_metrics import EvalMetrics
 from lightning_epo.training.micro_batches import (
-    micro_batch_sharing, plan_micro_batches, rows_or_first, step_mini_batches,
+    filled_rows, micro_batch_sharing, plan_micro_batches, rows_or_first, step_mini_batches,
 )
 from lightning_epo.training.old_policy import old_policy_pass
 from lightning_epo.training.optim import build_optimizer, build_scheduler, clip_and_step, use_configured_lrs
@@ -125,25 +125,24 @@ class EPOModule(L.LightningModule):
         except TrainingDiverged as error:  # the engine sampled from non-finite logits: name the checkpoint
             self._stop_if(str(error), error)
         seed = self.hparams.seed * 100_003 + self.rl_step
-        minis, on_policy = step_mini_batches(batch.traj_ids, self.algo, seed)
-        old = self._old_policy_pass(batch, on_policy)
+        minis, fills = step_mini_batches(batch.traj_ids, self.algo, seed)
+        old = self._old_policy_pass(batch, filled_rows(minis, fills))
         settings = self._settings()
         targets = step_targets(batch.advantage_inputs(old.get("old_values")), old, self.algo, self._reduce)
         norms_before = self._param_norms()
-        with self.clock.part("update", hand_back=True):  # its first mini-batch fills the on_policy rows' old outputs
-            terms, optimizer_steps = self._ppo_update(batch, minis, targets, settings,
-                                                      old["entropy"] if len(on_policy) else None)
+        with self.clock.part("update", hand_back=True):  # its first `fills` mini-batches fill their rows' old outputs
+            terms, optimizer_steps = self._ppo_update(batch, minis, targets, settings, old["entropy"], fills)
         self._stop_if(old_policy_not_finite(old, batch.response_mask, self._reduce))  # once the update filled its rows
         self._stop_if(self.guard.check_parameters(norms_before, self._param_norms()))
         self.lr_schedulers().step()
         self.step_report = self._log_step(batch, old["entropy"], targets, terms, settings, optimizer_steps)
         self.rl_step += 1
 
-    def _old_policy_pass(self, batch: RolloutBatch, on_policy: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Old log-probs and entropies (but for the ``on_policy`` rows: the update's first forward gives those),
+    def _old_policy_pass(self, batch: RolloutBatch, filled: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Old log-probs and entropies (but for the ``filled`` rows: the update's own forward gives those),
         values (with a critic) and reference log-probs (with KL), all ``[N, L]`` (training/old_policy.py)."""
         others = self.critic is not None or self.algo.kl_coef > 0
-        return old_policy_pass(batch, on_policy, others, self._micro_batches, self._old_outputs, self._reduce)
+        return old_policy_pass(batch, filled, others, self._micro_batches, self._old_outputs, self._reduce)
 
     def _old_outputs(self, mb: RolloutBatch, actor: bool) -> dict[str, torch.Tensor]:
         """``mb``'s old log-probs and entropies (``actor``), else its values and reference log-probs, ``[n, L]``."""
@@ -166,11 +165,12 @@ class EPOModule(L.LightningModule):
         return replace(self.fixed_settings, entropy_coef=lambda_k, beta=inputs.beta or 0.0, entropy_ref=inputs.entropy_ref)
 
     def _ppo_update(self, batch: RolloutBatch, minis: list[list[torch.Tensor]], targets: StepTargets,
-                    settings: ObjectiveSettings, old_entropy: torch.Tensor | None) -> tuple[dict[str, float], int]:
+                    settings: ObjectiveSettings, old_entropy: torch.Tensor, fills: int) -> tuple[dict[str, float], int]:
         """``ppo_epochs`` passes over ``mini_batches`` optimizer steps (``minis``: each epoch's rows), each accumulating
         micro-batches; a mini-batch's loss scaled by ``mini_batches * world_size`` (its weights sum to ~1/mini_batches
-        of the step's; DDP / DeepSpeed average gradients over ranks). The first mini-batch writes the old log-probs and
-        entropies (``old_entropy`` ``[N, L]``) that the old pass left to it. With ``algo.target_kl`` the update stops
+        of the step's; DDP / DeepSpeed average gradients over ranks). The first ``fills`` mini-batches write the old
+        log-probs and entropies (``old_entropy`` ``[N, L]``) that the old pass left to them (micro_batches.py's
+        ``update_fills``). With ``algo.target_kl`` the update stops
         at the first mini-batch past it, unapplied. Returns the loss terms' mean values and the optimizer steps."""
         opt, algo = self.optimizers(), self.algo
 
@@ -185,7 +185,7 @@ class EPOModule(L.LightningModule):
             kl_before, ran = sums.get("approx_kl", 0.0), ran + 1
             for i, rows in enumerate(micro_batches):
                 with accumulation_boundary(self.trainer.strategy, last=i == len(micro_batches) - 1):
-                    self._accumulate(batch, targets, settings, rows, scale, sums, old_entropy if ran == 1 else None)
+                    self._accumulate(batch, targets, settings, rows, scale, sums, old_entropy if ran <= fills else None)
             kl = torch.tensor([sums["approx_kl"] - kl_before, float(targets.mean_weights[mini].sum())], device=self.device)
             if target_kl is not None and past_target_kl(self._reduce(kl), target_kl):  # a collective only with a target
                 opt.zero_grad()
@@ -197,8 +197,8 @@ class EPOModule(L.LightningModule):
     def _accumulate(self, batch: RolloutBatch, targets: StepTargets, settings: ObjectiveSettings, rows: torch.Tensor,
                     scale: float, sums: dict[str, float], old_entropy: torch.Tensor | None) -> None:
         """Backward of the micro-batch ``rows``, adding its terms to ``sums`` (and its work to the clock's FLOPs); an
-        empty one runs a zero-weight pass on row 0 (:func:`rows_or_first`). Given ``old_entropy`` (no optimizer step
-        yet) it writes the rows' old log-probs and entropies. A non-finite loss makes every gradient of the pass NaN,
+        empty one runs a zero-weight pass on row 0 (:func:`rows_or_first`). Given ``old_entropy`` (the rows' first
+        forward, before any optimizer step where the loss reads them) it writes the rows' old log-probs and entropies. A non-finite loss makes every gradient of the pass NaN,
         so that the gradient-norm check skips the step on every rank (training/optim.py's ``clip_and_step``)."""
         weight, rows = (1.0 if len(rows) else 0.0), rows_or_first(rows)
         mb = batch.select(rows)

@@ -2,7 +2,7 @@
 
 One RL step's parts (DESIGN.md's ``perf/*`` rows): the rollout (``perf/gen_s`` + ``perf/env_s`` + prompt building),
 the old-policy pass (``perf/old_logprob_s``, absent where the update's own forward gave the old policy's outputs
-(training/micro_batches.py's ``on_policy_rows``), with a critic ``perf/values_s``, with a KL reference
+(training/micro_batches.py's ``update_fills``), with a critic ``perf/values_s``, with a KL reference
 ``perf/ref_logprob_s``), the update (``perf/update_s``), the weight push (``perf/weight_sync_s``) and the checkpoint
 (``perf/checkpoint_s``); ``perf/step_s`` is the whole step, measured on its own, so the parts can be checked to add
 up to it. An evaluation is timed on its own (``perf/eval_s``). On CUDA each part ends with a synchronisation: the

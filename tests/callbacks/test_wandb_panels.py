@@ -32,7 +32,7 @@ FROM_STEP_ONE = ["epo/entropy_ref", "loss/smooth"]
 # ... after each evaluation (test_every=1) ...
 VALIDATION = ["val/iid/success", "val/ood/success", "val/iid/reward", "val/ood/reward", "perf/eval_s"]
 # ... and never: without a reference model no KL; with one mini-batch the update's own forward gives the old
-# policy's log-probs (training/micro_batches.py's on_policy_rows), so the actor has no old-policy pass to time.
+# policy's log-probs (training/micro_batches.py's update_fills), so the actor has no old-policy pass to time.
 ABSENT = ["loss/kl", "perf/old_logprob_s", "perf/ref_logprob_s"]
 
 

@@ -95,7 +95,7 @@ def test_a_run_that_diverges_before_any_checkpoint_says_so(compose_cfg, tmp_path
 class NanEntropyFrom(L.Callback):
     """Makes the actor's token entropies NaN from RL step ``step`` on: those of the old-policy pass (no grad) and of
     the update's forward, which gives the old policy's entropies of the rows it reaches before its first optimizer
-    step (training/micro_batches.py's ``on_policy_rows``)."""
+    step (training/micro_batches.py's ``update_fills``)."""
 
     def __init__(self, step: int, monkeypatch) -> None:
         self.step, self.on = step, False

@@ -14,6 +14,7 @@ from lightning_epo.callbacks import BetaSchedule, EntropyWindow
 from lightning_epo.rollout.batch import collate_episodes
 from lightning_epo.rollout.datamodule import EvalBatch
 from lightning_epo.rollout.episode import Episode, TurnSample
+from lightning_epo.training import module as module_lib
 
 
 def synthetic_batch(vocab: int, seed: int = 0, trajectories: int = 4):
@@ -214,8 +215,8 @@ def test_evaluation_logs_the_episode_count_of_each_split_summed_over_its_batches
     assert results["val/iid/episodes"] == 5.0 and results["val/ood/episodes"] == 4.0
 
 
-@pytest.mark.parametrize("mini_batches", [1, 2])
-@pytest.mark.parametrize("algo", ["ppo_epo", "grpo_epo", "sft"])
+@pytest.mark.parametrize(("algo", "mini_batches"),
+                         [("ppo_epo", 1), ("ppo_epo", 2), ("grpo_epo", 1), ("grpo_epo", 2), ("sft", 1)])
 def test_the_update_gives_the_old_policy_of_the_rows_it_reaches_before_its_first_optimizer_step(
         compose_cfg, algo, mini_batches, monkeypatch):
     """The first mini-batch's forward runs on the rollout's policy, so its detached log-probs and entropies are the
@@ -229,7 +230,7 @@ def test_the_update_gives_the_old_policy_of_the_rows_it_reaches_before_its_first
     # normalisation to blow float32 rounding up into whole steps
     batches = [synthetic_batch(500, seed=1), synthetic_batch(500, seed=2)]  # step 2 has an entropy window (EPO)
     left, left_trainer = fit_one_step(compose_cfg(*base), batches)
-    monkeypatch.setattr(micro_batches, "on_policy_rows", lambda minis, shaped: minis[0][0][:0])  # the pass does all
+    monkeypatch.setattr(micro_batches, "update_fills", lambda minis, shaped, reads_old: 0)  # the pass does all
     passed, passed_trainer = fit_one_step(compose_cfg(*base), batches)
     assert ("old_logprob" in left.clock.seconds) == (mini_batches > 1) and "old_logprob" in passed.clock.seconds
     for name, value in params(passed).items():
@@ -241,6 +242,35 @@ def test_the_update_gives_the_old_policy_of_the_rows_it_reaches_before_its_first
     (window,), (passed_window,) = ([c for c in t.callbacks if isinstance(c, EntropyWindow)]
                                    for t in (left_trainer, passed_trainer))
     assert window.values == pytest.approx(passed_window.values, abs=1e-6) and len(window.values) == 2
+
+
+def test_a_supervised_step_has_no_old_policy_pass_with_several_mini_batches(compose_cfg, monkeypatch):
+    """The nll loss (``algo=sft``) reads no old log-probs: with 3 mini-batches and 2 epochs the actor has no
+    old-policy pass, every row's first forward fills its log-probs and entropies (a zero left on a response token
+    would pull the entropy panels down), and the parameters are those of the pass over every row."""
+    import lightning_epo.training.micro_batches as micro_batches
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []  # each step's old entropies [N, L] and response mask [N, L]
+    real_check = module_lib.old_policy_not_finite
+
+    def spy(old, mask, reduce):
+        seen.append((old["entropy"].clone(), mask.clone()))
+        return real_check(old, mask, reduce)
+
+    monkeypatch.setattr(module_lib, "old_policy_not_finite", spy)
+    base = ["algo=sft", "algo.ppo_epochs=2", "algo.mini_batches=3", "optim.warmup_ratio=0", "total_steps=1",
+            "optim.optimizer._target_=torch.optim.SGD", "~optim.optimizer.betas", "~optim.optimizer.weight_decay",
+            "optim.actor_lr=0.05", "optim.grad_clip=1e9"]
+    batches = [synthetic_batch(500, seed=4, trajectories=6)]
+    left, _ = fit_one_step(compose_cfg(*base), batches)
+    monkeypatch.setattr(micro_batches, "update_fills", lambda minis, shaped, reads_old: 0)  # the pass does all
+    passed, _ = fit_one_step(compose_cfg(*base), batches)
+    assert "old_logprob" not in left.clock.seconds and "old_logprob" in passed.clock.seconds
+    for name, value in params(passed).items():
+        torch.testing.assert_close(params(left)[name], value, atol=1e-6, rtol=1e-5, msg=name)
+    (filled, mask), (from_pass, _) = seen
+    assert bool((filled[mask.bool()] > 0).all())  # every response token's entropy was written by the update
+    torch.testing.assert_close(filled.sum() / mask.sum(), from_pass.sum() / mask.sum(), rtol=0.05, atol=0.0)
 
 
 def test_the_step_logs_how_far_the_engines_log_probs_are_from_the_trainers(compose_cfg):
