@@ -218,8 +218,10 @@ class SciWorldEnv(TextEnv):
     ``score_reward`` > 0 (``env.suite.score_reward``, an option; 0 by default), the score's progress at each step:
     ``score_reward * (max(score_t, 0) - max(score_{t-1}, 0)) / 100``, a failure's negative score counted as 0. An
     episode's progress rewards sum to ``score_reward * (final - first) / 100``, the first being the score after
-    ``reset``: a failed task gives back all the progress earned before it. ``done`` is the simulator's completion
-    or failure (a negative score).
+    ``reset``: a failed task gives back all the progress earned before it. With ``failure_keeps_progress``
+    (``env.suite.failure_keeps_progress``, an option) the failing step's progress is 0 instead: the episode keeps
+    what it earned, and a wrong attempt costs only the progress and the win still to come. ``done`` is the
+    simulator's completion or failure (a negative score).
     """
 
     def __init__(
@@ -229,12 +231,14 @@ class SciWorldEnv(TextEnv):
         success_reward: float = 10.0,
         gold_path: bool = False,
         score_reward: float = 0.0,
+        failure_keeps_progress: bool = False,
     ) -> None:
         _check_simplification(simplification)
         self.simplification = simplification
         self.success_reward = success_reward
         self.gold_path = gold_path
         self.score_reward = score_reward
+        self.failure_keeps_progress = failure_keeps_progress
         self._score = 0  # max(score, 0) after the last reset or step
         self._sim: Simulator | None = Simulator(jvm_heap_mb)
         self._task = ""
@@ -276,7 +280,8 @@ class SciWorldEnv(TextEnv):
         info["action_valid"] = valid
         done = info["won"] or info["score"] < 0  # the simulator completes a task only when it is won
         reward = self.success_reward if info["won"] else 0.0
-        score, self._score = self._score, max(info["score"], 0)
+        kept = info["score"] < 0 and self.failure_keeps_progress
+        score, self._score = self._score, self._score if kept else max(info["score"], 0)
         reward += self.score_reward * (self._score - score) / 100
         return observation, reward, done, info
 
@@ -326,6 +331,7 @@ class SciWorldSuite(TaskSuite):
         variations_path: str | None = None,
         task_subset: list[str] | None = None,
         score_reward: float = 0.0,
+        failure_keeps_progress: bool = False,
     ) -> None:
         if split_level not in SPLIT_LEVELS:
             raise ConfigError(f"unknown env.suite.split_level {split_level!r}: use one of {', '.join(SPLIT_LEVELS)}")
@@ -335,7 +341,11 @@ class SciWorldSuite(TaskSuite):
         self.simplification = simplification
         self.jvm_heap_mb = jvm_heap_mb
         self.success_reward = success_reward
+        if failure_keeps_progress and not score_reward > 0:
+            raise ConfigError("env.suite.failure_keeps_progress=true changes only the score's progress reward: set "
+                              "env.suite.score_reward > 0 as well (e.g. 10), or leave it false")
         self.score_reward = score_reward
+        self.failure_keeps_progress = failure_keeps_progress
         self.gold_path = gold_path
         self.variations_path = Path(variations_path) if variations_path else DEFAULT_VARIATIONS_PATH
         self._variations: dict[str, dict[str, list[int]]] | None = None
@@ -411,4 +421,5 @@ class SciWorldSuite(TaskSuite):
             success_reward=self.success_reward,
             gold_path=self.gold_path,
             score_reward=self.score_reward,
+            failure_keeps_progress=self.failure_keeps_progress,
         )

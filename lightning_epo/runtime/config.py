@@ -69,6 +69,7 @@ RULES: dict[str, Rule] = {
     "env.suite.wall_density": number(0, 1, open_high=True), "env.suite.num_train_tasks": integer(),
     "env.suite.num_eval_tasks": integer(), "env.suite.success_reward": POSITIVE, "env.suite.cache_size": integer(),
     "env.suite.jvm_heap_mb": integer(256), "env.suite.gold_path": SWITCH, "env.suite.score_reward": NON_NEGATIVE,
+    "env.suite.failure_keeps_progress": SWITCH,
     "env.scored": SWITCH, "env.prompt.fixed_first": SWITCH, "env.prompt.action_list": one_of("full", "compact", "none"),
     "env.suite.task_subset": names_of(TASK_NAMES, optional=True),
     # the env's sizes of experiment=quickstart (what its total_steps, test_every, ... read)

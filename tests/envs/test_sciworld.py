@@ -253,6 +253,29 @@ def test_score_reward_takes_back_the_progress_when_the_task_fails(scored_env):
 
 
 @pytest.mark.sciworld
+def test_with_failure_keeps_progress_a_failed_task_keeps_what_it_earned():
+    """``env.suite.failure_keeps_progress``: the same two gold steps and wrong ``focus on`` as above; the failing step
+    pays 0, so the episode keeps the two steps' progress (given back without the option)."""
+    env = SciWorldSuite(gold_path=True, score_reward=10.0, failure_keeps_progress=True).make_env()
+    try:
+        _, info = env.reset(Task("train", "find-plant", 0))
+        start, gained = info["score"], 0.0
+        for _ in range(2):
+            _, reward, _, info = env.step(info["expert_action"])
+            gained += reward
+        assert info["score"] > start and gained == pytest.approx(10.0 * (info["score"] - start) / 100)
+        _, reward, done, info = env.step("focus on agent")
+        assert done and not info["won"] and info["score"] < 0 and reward == 0.0
+    finally:
+        env.close()
+
+
+def test_failure_keeps_progress_without_the_score_reward_is_refused_at_start():
+    with pytest.raises(ConfigError, match="set env.suite.score_reward > 0"):
+        SciWorldSuite(failure_keeps_progress=True)
+
+
+@pytest.mark.sciworld
 def test_deviating_from_the_gold_path_drops_the_expert(env):
     _, info = env.reset(Task("train", "find-non-living-thing", 0))
     gold_first = info["expert_action"]
