@@ -56,6 +56,12 @@ def with_history(episodes):
     return episodes
 
 
+# Plain SGD at a constant rate, no clipping: no Adam normalisation to blow float32 rounding up into whole steps, so two
+# ways of computing one update can be compared parameter by parameter.
+PLAIN_SGD = ["optim.optimizer._target_=torch.optim.SGD", "~optim.optimizer.betas", "~optim.optimizer.weight_decay",
+             "optim.actor_lr=0.05", "optim.critic_lr=0.05", "optim.grad_clip=1e9", "optim.warmup_ratio=0"]
+
+
 def fit_one_step(cfg, batches, seed=0):
     """Run ``len(batches)`` RL steps of the configured module on fixed batches; return the module."""
     L.seed_everything(seed)
@@ -96,9 +102,7 @@ def test_every_actor_parameter_changes_after_one_step(compose_cfg, algo):
 @pytest.mark.parametrize("algo", ["ppo_epo", "grpo_epo"])
 def test_micro_batch_accumulation_equals_full_batch(compose_cfg, algo, agg):
     """batch 1 x accumulation N == N x 1: the same parameters after the update, the same logged losses."""
-    base = [f"algo={algo}", f"algo.loss_agg={agg}", "optim.optimizer._target_=torch.optim.SGD",
-            "~optim.optimizer.betas", "~optim.optimizer.weight_decay", "optim.actor_lr=0.05", "optim.critic_lr=0.05",
-            "optim.grad_clip=1e9", "optim.warmup_ratio=0", "total_steps=2"]
+    base = [f"algo={algo}", f"algo.loss_agg={agg}", *PLAIN_SGD, "total_steps=2"]
     batches = [synthetic_batch(500, seed=1), synthetic_batch(500, seed=2)]  # step 2 has an entropy window
     results = []
     for micro in (64, 1, 3):
@@ -224,10 +228,7 @@ def test_the_update_gives_the_old_policy_of_the_rows_it_reaches_before_its_first
     pass at all), with the same parameters, losses, entropy panels and entropy window as the pass over every row."""
     import lightning_epo.training.micro_batches as micro_batches
 
-    base = [f"algo={algo}", "algo.ppo_epochs=2", f"algo.mini_batches={mini_batches}", "optim.warmup_ratio=0",
-            "optim.optimizer._target_=torch.optim.SGD", "~optim.optimizer.betas", "~optim.optimizer.weight_decay",
-            "optim.actor_lr=0.05", "optim.critic_lr=0.05", "optim.grad_clip=1e9", "total_steps=2"]  # SGD: no Adam
-    # normalisation to blow float32 rounding up into whole steps
+    base = [f"algo={algo}", "algo.ppo_epochs=2", f"algo.mini_batches={mini_batches}", *PLAIN_SGD, "total_steps=2"]
     batches = [synthetic_batch(500, seed=1), synthetic_batch(500, seed=2)]  # step 2 has an entropy window (EPO)
     left, left_trainer = fit_one_step(compose_cfg(*base), batches)
     monkeypatch.setattr(micro_batches, "update_fills", lambda minis, shaped, reads_old: 0)  # the pass does all
@@ -258,9 +259,7 @@ def test_a_supervised_step_has_no_old_policy_pass_with_several_mini_batches(comp
         return real_check(old, mask, reduce)
 
     monkeypatch.setattr(module_lib, "old_policy_not_finite", spy)
-    base = ["algo=sft", "algo.ppo_epochs=2", "algo.mini_batches=3", "optim.warmup_ratio=0", "total_steps=1",
-            "optim.optimizer._target_=torch.optim.SGD", "~optim.optimizer.betas", "~optim.optimizer.weight_decay",
-            "optim.actor_lr=0.05", "optim.grad_clip=1e9"]
+    base = ["algo=sft", "algo.ppo_epochs=2", "algo.mini_batches=3", *PLAIN_SGD, "total_steps=1"]
     batches = [synthetic_batch(500, seed=4, trajectories=6)]
     left, _ = fit_one_step(compose_cfg(*base), batches)
     monkeypatch.setattr(micro_batches, "update_fills", lambda minis, shaped, reads_old: 0)  # the pass does all
