@@ -41,8 +41,9 @@ recorded them (``RUN_DIR/eval_episodes.jsonl``, lightning_epo/callbacks/eval_epi
 difference with its 95 % Student t-interval (the seed is the unit of pairing), the smallest difference the seeds could
 detect at 80 % power, and Newcombe's interval of the pooled difference labelled as evaluation noise only
 (:mod:`lightning_epo.reports.paired`); where the environment scores or fails episodes, the final score and the share
-of episodes ended by a failure (and within 2 turns) the same way per seed; the entropy of early and late turns and the share of mixed groups per RL step,
-overlaid per arm (``reports.plot``); each run's wall time (``DIR/timings.tsv``); and every run's command.
+of episodes ended by a failure (and within 2 turns) and of those cut at the turn limit without a win, the same way
+per seed; the entropy of early and late turns and the share of mixed groups per RL step, overlaid per arm
+(``reports.plot``); each run's wall time (``DIR/timings.tsv``); and every run's command.
 """
 
 from __future__ import annotations

@@ -48,6 +48,12 @@ def failed_share(episodes: Episodes, within: int | None = None) -> float:
     return len(failed) / len(episodes)
 
 
+def cut_share(episodes: Episodes) -> float:
+    """The share of ``episodes`` cut at the turn limit (``truncated``) without a win: where the episodes of a policy
+    that fails less went, when it does not win more (docs/comparison_sciworld_warm_paths_rl.md)."""
+    return sum(1 for row in episodes.values() if not row["won"] and row["truncated"]) / len(episodes)
+
+
 def pair_outcomes(arm: Outcomes, other: Outcomes, what: str) -> list[Pair]:
     """``(arm won, other won)`` per place, in place order; one error line (naming ``what``) when the two did not play
     the same tasks at the same places: the runs are not paired."""

@@ -129,7 +129,8 @@ def test_a_control_and_the_scores_are_reported_against_it(tmp_path):
 
 def test_episodes_ended_by_a_failure_are_counted_per_arm_and_paired_over_seeds(tmp_path):
     """ScienceWorld's fail-fast measure: the share of the final evaluation's episodes that ended neither won nor cut at
-    the turn limit, and of those within 2 turns; for a split where no recorded episode failed, one line that says so."""
+    the turn limit, and of those within 2 turns, and where the others went: the share cut at the turn limit without a
+    win; for a split where no recorded episode failed, one line that says so."""
     out = tmp_path / "cmp"
     plan = plan_of(tmp_path, [0, 1])
     for seed in (0, 1):
@@ -148,6 +149,9 @@ def test_episodes_ended_by_a_failure_are_counted_per_arm_and_paired_over_seeds(t
     assert "| arm - base | +0.15 | +0.15 | +0.15 |" in ended
     fast = text.split("### IID: final evaluation's episodes ended by a failure within 2 turns")[1].split("###")[0]
     assert "| arm | 0.1 | 0.1 |" in fast and "| arm - base | +0.1 | +0.1 | +0.1 |" in fast
+    cut = text.split("### IID: final evaluation's episodes cut at the turn limit without a win")[1].split("###")[0]
+    assert "| base | 0.75 | 0.75 |" in cut and "| arm | 0.6 | 0.6 |" in cut
+    assert "| arm - base | -0.15 | -0.15 | -0.15 |" in cut
     assert "### OOD: final evaluation's episodes ended by a failure" not in text
     section = text.split("## Episodes ended by a failure")[1].split("\n## ")[0]
     assert "OOD: none of the final evaluation's 80 recorded episodes (2 arms x 2 seeds) ended by a failure" in section

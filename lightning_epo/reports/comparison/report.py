@@ -4,6 +4,7 @@ docstring of :mod:`lightning_epo.reports.compare`)."""
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 from lightning_epo.core import layout
@@ -11,7 +12,8 @@ from lightning_epo.core.errors import UserError
 from lightning_epo.reports.comparison.plan import (COMMANDS, LOG, SPLITS, TIMINGS, Plan, finished, last_checkpoint,
                                                    run_dir)
 from lightning_epo.reports.comparison.run_measures import difference_lines, measure_lines
-from lightning_epo.reports.eval_episodes import failed_share, final_episodes, final_outcomes, pair_outcomes
+from lightning_epo.reports.eval_episodes import (cut_share, failed_share, final_episodes, final_outcomes,
+                                                 pair_outcomes)
 from lightning_epo.reports.paired import (POWER, Contrast, contrast_from_pairs, contrast_from_rates, format_interval,
                                           seed_cells)
 from lightning_epo.reports.plot import mean_band, plot_loaded_runs
@@ -81,9 +83,9 @@ def run_mode(plan: Plan, arm: str) -> str:
 
 def failure_lines(plan: Plan, out: Path, pairs: list[tuple[str, str]]) -> list[str]:
     """Per split where any run's final evaluation had an episode that ended by a failure (neither won nor cut at the
-    turn limit), that share, and the share that failed within ``FAST`` turns, per arm and seed with the paired
-    differences (:func:`difference_lines`); one line for a split where every run recorded its episodes and none
-    failed."""
+    turn limit), that share, the share that failed within ``FAST`` turns and the share cut at the turn limit without
+    a win, per arm and seed with the paired differences (:func:`difference_lines`); one line for a split where every
+    run recorded its episodes and none failed."""
     lines = []
     for split in SPLITS:
         episodes = {(arm, seed): final_episodes(run_dir(out, arm, seed), split, run_mode(plan, arm))
@@ -94,9 +96,10 @@ def failure_lines(plan: Plan, out: Path, pairs: list[tuple[str, str]]) -> list[s
                           f"episodes ({len(plan.compared)} arms x {len(plan.seeds)} seeds) ended by a failure: each "
                           "was won or cut at the turn limit."]
             continue
-        for within, what in ((None, "ended by a failure (neither won nor cut at the turn limit), share"),
-                             (FAST, f"ended by a failure within {FAST} turns, share")):
-            values = {arm: [None if episodes[arm, seed] is None else failed_share(episodes[arm, seed], within)
+        for share, what in ((failed_share, "ended by a failure (neither won nor cut at the turn limit), share"),
+                            (partial(failed_share, within=FAST), f"ended by a failure within {FAST} turns, share"),
+                            (cut_share, "cut at the turn limit without a win, share")):
+            values = {arm: [None if episodes[arm, seed] is None else share(episodes[arm, seed])
                             for seed in plan.seeds] for arm in plan.compared}
             if any(v for row in values.values() for v in row):
                 lines += difference_lines(f"{split.upper()}: final evaluation's episodes {what}", values, plan.seeds,
@@ -229,7 +232,8 @@ def report(plan: Plan, out: Path) -> str:
          for arm in arms}, plan.seeds, pairs)]
     lines += ["", "## Final score (the environment's own, where it scores its episodes)", *scored] if scored else []
     failures = failure_lines(plan, out, pairs)
-    lines += ["", "## Episodes ended by a failure (where the environment fails them)", *failures] if failures else []
+    lines += ["", "## Episodes ended by a failure, or cut at the turn limit (where the environment fails them)",
+              *failures] if failures else []
     figures = plot_loaded_runs([run for arm in plan.arms for run in loaded[arm]], out / "figures" / plan.name)
     lines += ["", "## Figures (mean and ±1 std over seeds, per arm)", ""]
     lines += [f"- [{path.name}]({path.relative_to(out)})" for path in figures]
