@@ -40,18 +40,14 @@ def final_outcomes(run_dir: Path, split: str, mode: str = "train") -> Outcomes |
     return None if episodes is None else {place: (row["task"], row["won"]) for place, row in episodes.items()}
 
 
-def failed_share(episodes: Episodes, within: int | None = None) -> float:
-    """The share of ``episodes`` that ended by a failure: neither won nor cut at the turn limit (``truncated``); with
-    ``within``, only those that ended so in at most ``within`` turns (ScienceWorld's failing fast)."""
-    failed = [row for row in episodes.values() if not row["won"] and not row["truncated"]
-              and (within is None or row["turns"] <= within)]
-    return len(failed) / len(episodes)
-
-
-def cut_share(episodes: Episodes) -> float:
-    """The share of ``episodes`` cut at the turn limit (``truncated``) without a win: where the episodes of a policy
-    that fails less went, when it does not win more (docs/comparison_sciworld_warm_paths_rl.md)."""
-    return sum(1 for row in episodes.values() if not row["won"] and row["truncated"]) / len(episodes)
+def unwon_share(episodes: Episodes, cut: bool, within: int | None = None) -> float:
+    """The share of ``episodes`` that ended without a win: by a failure (``cut=False``: not cut at the turn limit,
+    ``truncated``) or cut at the turn limit (``cut=True``: where the episodes of a policy that fails less went when it
+    does not win more, docs/comparison_sciworld_warm_paths_rl.md); with ``within``, only those that ended so in at
+    most ``within`` turns (ScienceWorld's failing fast)."""
+    ended = [row for row in episodes.values() if not row["won"] and row["truncated"] == cut
+             and (within is None or row["turns"] <= within)]
+    return len(ended) / len(episodes)
 
 
 def pair_outcomes(arm: Outcomes, other: Outcomes, what: str) -> list[Pair]:

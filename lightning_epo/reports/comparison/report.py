@@ -4,7 +4,6 @@ docstring of :mod:`lightning_epo.reports.compare`)."""
 from __future__ import annotations
 
 import json
-from functools import partial
 from pathlib import Path
 
 from lightning_epo.core import layout
@@ -12,8 +11,7 @@ from lightning_epo.core.errors import UserError
 from lightning_epo.reports.comparison.plan import (COMMANDS, LOG, SPLITS, TIMINGS, Plan, finished, last_checkpoint,
                                                    run_dir)
 from lightning_epo.reports.comparison.run_measures import difference_lines, measure_lines
-from lightning_epo.reports.eval_episodes import (cut_share, failed_share, final_episodes, final_outcomes,
-                                                 pair_outcomes)
+from lightning_epo.reports.eval_episodes import final_episodes, final_outcomes, pair_outcomes, unwon_share
 from lightning_epo.reports.paired import (POWER, Contrast, contrast_from_pairs, contrast_from_rates, format_interval,
                                           seed_cells)
 from lightning_epo.reports.plot import mean_band, plot_loaded_runs
@@ -91,15 +89,15 @@ def failure_lines(plan: Plan, out: Path, pairs: list[tuple[str, str]]) -> list[s
         episodes = {(arm, seed): final_episodes(run_dir(out, arm, seed), split, run_mode(plan, arm))
                     for arm in plan.compared for seed in plan.seeds}
         recorded = [found for found in episodes.values() if found is not None]
-        if len(recorded) == len(episodes) and not any(failed_share(found) for found in recorded):
+        if len(recorded) == len(episodes) and not any(unwon_share(found, cut=False) for found in recorded):
             lines += ["", f"{split.upper()}: none of the final evaluation's {sum(map(len, recorded))} recorded "
                           f"episodes ({len(plan.compared)} arms x {len(plan.seeds)} seeds) ended by a failure: each "
                           "was won or cut at the turn limit."]
             continue
-        for share, what in ((failed_share, "ended by a failure (neither won nor cut at the turn limit), share"),
-                            (partial(failed_share, within=FAST), f"ended by a failure within {FAST} turns, share"),
-                            (cut_share, "cut at the turn limit without a win, share")):
-            values = {arm: [None if episodes[arm, seed] is None else share(episodes[arm, seed])
+        for cut, within, what in ((False, None, "ended by a failure (neither won nor cut at the turn limit), share"),
+                                  (False, FAST, f"ended by a failure within {FAST} turns, share"),
+                                  (True, None, "cut at the turn limit without a win, share")):
+            values = {arm: [None if episodes[arm, seed] is None else unwon_share(episodes[arm, seed], cut, within)
                             for seed in plan.seeds] for arm in plan.compared}
             if any(v for row in values.values() for v in row):
                 lines += difference_lines(f"{split.upper()}: final evaluation's episodes {what}", values, plan.seeds,
