@@ -5,7 +5,7 @@
 Writes to ``DIR``: ``train_reward.png``, ``val_iid_success.png``, ``val_ood_success.png`` (and any other
 ``val/<split>/success``), ``entropy_turns.png`` (early vs late turns, Fig. 1), ``entropy_tokens.png``
 (early vs late tokens, Fig. 7d), ``mixed_groups.png`` (the share of collected groups with mixed outcomes, where the
-run logs it: ``data.oversample`` > 1) and ``entropy_by_turn.png`` (mean entropy at each turn index, first vs
+run logs it: ``algo.group_size`` > 1) and ``entropy_by_turn.png`` (mean entropy at each turn index, first vs
 second half of training, from ``RUN_DIR/turn_entropy.jsonl``). A panel no run has data for is skipped.
 """
 
@@ -52,7 +52,7 @@ def panels_for(runs: list[Run]) -> list[Panel]:
               [("entropy/early_turns", " · early turns", "-"), ("entropy/late_turns", " · late turns", "--")]),
         Panel("entropy_tokens.png", "Entropy: early vs late tokens (Fig. 7d)", "token entropy",
               [("entropy/early_tokens", " · early tokens", "-"), ("entropy/late_tokens", " · late tokens", "--")]),
-        Panel("mixed_groups.png", "Groups whose rollouts mix wins and losses (data.oversample > 1)", "share of groups",
+        Panel("mixed_groups.png", "Groups whose rollouts mix wins and losses (algo.group_size > 1)", "share of groups",
               [("train/mixed_groups", "", "-")], ylim=(-0.02, 1.02)),
     ]
 

@@ -21,7 +21,7 @@ from lightning_epo.rollout.batch import RolloutBatch, collate_episodes
 from lightning_epo.rollout.collector import EpisodeCollector
 from lightning_epo.rollout.engine import GenerationEngine, SamplingParams
 from lightning_epo.rollout.eval_progress import EvalProgress
-from lightning_epo.rollout.group_filter import keep_mixed_groups
+from lightning_epo.rollout.group_filter import keep_mixed_groups, mixed_share
 from lightning_epo.rollout.progress_log import rollout_done_line, rollout_stats
 
 log = logging.getLogger(__name__)
@@ -245,8 +245,10 @@ class RolloutDataModule(L.LightningDataModule):
         if rank == 0:
             log.info(rollout_done_line(step, rollout, stats))
         episodes = rollout.episodes
+        if self.sampler.group_size > 1:  # over every collected group: how many carry a success signal
+            stats["train/mixed_groups"] = mixed_share(episodes)
         if self.oversample > 1:
-            episodes, stats["train/mixed_groups"] = keep_mixed_groups(episodes, self.groups_per_step)
+            episodes = keep_mixed_groups(episodes, self.groups_per_step)
         return collate_episodes(episodes, self.tokenizer.pad_token_id, stats)
 
     def eval_batch(self, split: str) -> EvalBatch:

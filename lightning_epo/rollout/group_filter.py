@@ -26,11 +26,15 @@ def is_mixed(group: list[Episode]) -> bool:
     return len({ep.won for ep in group}) > 1
 
 
-def keep_mixed_groups(episodes: list[Episode], groups_wanted: int) -> tuple[list[Episode], float]:
+def mixed_share(episodes: list[Episode]) -> float:
+    """The share of the episodes' groups whose rollouts mix wins and losses (``train/mixed_groups``): the groups
+    that give a group-relative advantage a success signal."""
+    groups = groups_in_order(episodes).values()
+    return sum(is_mixed(g) for g in groups) / max(len(groups), 1)
+
+
+def keep_mixed_groups(episodes: list[Episode], groups_wanted: int) -> list[Episode]:
     """The episodes of ``groups_wanted`` groups, mixed-outcome groups first, then the others, each in draw
-    order (fewer groups than wanted: all of them); and the share of mixed groups among all of ``episodes``
-    (``train/mixed_groups``)."""
-    groups = list(groups_in_order(episodes).values())
-    ranked = sorted(groups, key=lambda g: not is_mixed(g))  # stable: draw order within each kind
-    share = sum(is_mixed(g) for g in groups) / max(len(groups), 1)
-    return [ep for group in ranked[:groups_wanted] for ep in group], share
+    order (fewer groups than wanted: all of them)."""
+    ranked = sorted(groups_in_order(episodes).values(), key=lambda g: not is_mixed(g))  # stable: draw order
+    return [ep for group in ranked[:groups_wanted] for ep in group]
