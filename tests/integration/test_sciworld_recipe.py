@@ -24,7 +24,8 @@ pytestmark = [
 RECIPE = [
     "experiment=smollm2_sciworld", "logger=csv", "~callbacks.progress_bar", "total_steps=1", "test_every=1",
     "env.val_size=2", "env.max_turns=3", "env.pool_size=1", "data.episodes_per_step=2", "model.critic_layers=1",
-    "warm_start.overrides=['total_steps=1','test_every=1','env.val_size=2','data.episodes_per_step=2']",
+    # the warm start's 4 mini-batches need 4 episodes a step
+    "warm_start.overrides=['total_steps=1','test_every=1','env.val_size=2','data.episodes_per_step=4']",
 ]
 
 
