@@ -109,3 +109,38 @@ def test_a_seed_is_kept_as_soon_as_it_finishes_before_the_next_seed_runs(tmp_pat
     with pytest.raises(UserError, match="grpo s1 exited 3"):
         compare(path, out, python=str(python), keep=keep)
     assert seen.read_text() == "kept\n"
+
+
+def test_a_plan_that_adds_an_arm_to_kept_seeds_restores_their_kept_runs_and_keeps_only_its_new_arm(tmp_path):
+    """Two plans sharing one records folder (a new arm beside arms kept by an earlier plan): a fresh ``--out`` gets
+    the kept runs back as finished, so only the new arm runs; once it finishes, it alone is added, and the warm start
+    kept with the seed stays the one it was kept with."""
+    out, keep = tmp_path / "outputs" / "cmp", tmp_path / "records"
+    _, plan = plan_at(tmp_path, [0])
+    plant_finished(out, 0, {"grpo": 6, "epo": 9})
+    assert keep_finished(plan, out, keep) == [0]
+    kept_warm_start = (keep / "warm_start" / "s0" / "csv" / "metrics.csv").read_text()
+    shutil.rmtree(out)
+    wider = tmp_path / "wider.yaml"
+    wider.write_text(yaml.safe_dump({"experiment": "smollm2_gridworld", "seeds": [0], "control": "control",
+                                     "arms": {**ARMS, "cool": ["algo=grpo_epo", "data.train_sampling.temperature=0.4"]}},
+                                    sort_keys=False))
+    plan = Plan.read(wider)
+
+    assert restore_kept(plan, out, keep) == [0]
+    assert sorted(arm for arm in plan.compared if finished(plan, out, arm, 0)) == ["control", "epo", "grpo"]
+    assert not run_dir(out, "cool", 0).exists()
+    assert keep_finished(plan, out, keep) == []  # the new arm has not run
+
+    plant_run(out, "cool", 0, {"iid": wins_of(8), "ood": wins_of(8)})
+    (run_dir(out, "cool", 0) / "checkpoints").mkdir()
+    torch.save({"loops": {"fit_loop": {"epoch_progress": {"current": {"completed": 1}}}}, "rl_state": {"rl_step": 2}},
+               run_dir(out, "cool", 0) / "checkpoints" / "last.ckpt")
+    plant_run(out, "warm_start", 0, {"iid": wins_of(2), "ood": wins_of(2)})  # trained again by the new checkout
+    with open(out / "timings.tsv", "a") as timings:
+        timings.write("cool\t0\t2026-12-07T02:00:00\t1800.0\t0\n")
+    assert keep_finished(plan, out, keep) == [0]
+    assert (keep / "cool" / "s0" / "eval_episodes.jsonl").is_file()
+    assert (keep / "warm_start" / "s0" / "csv" / "metrics.csv").read_text() == kept_warm_start
+    assert [line.split("\t")[:2] for line in (keep / "timings.tsv").read_text().splitlines()] == [
+        ["grpo", "0"], ["epo", "0"], ["control", "0"], ["cool", "0"]]

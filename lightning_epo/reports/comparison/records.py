@@ -7,7 +7,10 @@ none of the checkpoints (``.hydra/``'s config and overrides, ``eval.json``, ``ev
 config and history (for the record: nothing reads them back), and the seed's lines of ``timings.tsv`` and
 ``commands.txt``. At the next start the kept runs missing from ``--out`` are copied back into it, each marked
 ``kept`` (finished: :func:`~lightning_epo.reports.comparison.plan.finished`), so they are skipped, not rerun, and the
-report reads them as it reads the runs it ran itself.
+report reads them as it reads the runs it ran itself. Plans may share one folder: a plan that adds an arm to seeds
+another plan kept gets those seeds' kept runs back (only its new arm runs) and, once the new arm has finished, adds it
+alone; the warm start's record stays the one first kept (where the new arm's checkout trained it again, its
+comparison page says so).
 """
 
 from __future__ import annotations
@@ -25,32 +28,35 @@ RECORDS = (".hydra/config.yaml", ".hydra/overrides.yaml", layout.EVAL, layout.EV
 
 
 def keep_finished(plan: Plan, out: Path, keep: Path) -> list[int]:
-    """Copy every seed of ``plan`` whose runs have all finished in ``out`` and that ``keep`` lacks into ``keep``;
-    returns the seeds copied."""
+    """Copy the runs ``keep`` lacks of every seed of ``plan`` whose runs have all finished in ``out`` into ``keep``
+    (and the seed's warm start, where ``keep`` has none); returns the seeds copied."""
     kept = []
     for seed in plan.seeds:
-        if all((keep / arm / f"s{seed}").exists() for arm in plan.compared):
+        missing = [arm for arm in plan.compared if not (keep / arm / f"s{seed}").exists()]
+        if not missing or not all(finished(plan, out, arm, seed) for arm in plan.compared):
             continue
-        if not all(finished(plan, out, arm, seed) for arm in plan.compared):
-            continue
-        for arm in plan.compared:
+        for arm in missing:
             _copy_run(run_dir(out, arm, seed), keep / arm / f"s{seed}", history=arm != plan.control)
-        if run_dir(out, STAGE_DIR, seed).is_dir():  # DIR/warm_start/s<seed>: the seed's warm start
-            _copy_run(run_dir(out, STAGE_DIR, seed), run_dir(keep, STAGE_DIR, seed), history=True)
+        stage = run_dir(out, STAGE_DIR, seed)  # DIR/warm_start/s<seed>: the seed's warm start
+        if stage.is_dir() and not run_dir(keep, STAGE_DIR, seed).exists():
+            _copy_run(stage, run_dir(keep, STAGE_DIR, seed), history=True)
         _append_lines(out, keep, plan, seed)
         kept.append(seed)
     return kept
 
 
 def restore_kept(plan: Plan, out: Path, keep: Path) -> list[int]:
-    """Copy the seeds of ``plan`` kept in ``keep`` whose runs ``out`` lacks back into ``out``, each run marked
-    ``kept``; returns the seeds restored. A seed already (partly) in ``out`` is left alone."""
+    """Copy the kept runs of every seed of ``plan`` that ``out`` lacks entirely back into ``out``, each run marked
+    ``kept`` (a seed's arms not in ``keep`` stay to be run); returns the seeds restored. A seed already (partly) in
+    ``out`` is left alone."""
     restored = []
     for seed in plan.seeds:
-        kept = [keep / arm / f"s{seed}" for arm in plan.compared]
-        if not all(path.is_dir() for path in kept) or any(run_dir(out, arm, seed).exists() for arm in plan.compared):
+        if any(run_dir(out, arm, seed).exists() for arm in plan.compared):
             continue
-        for arm, source in zip(plan.compared, kept):
+        kept = {arm: keep / arm / f"s{seed}" for arm in plan.compared if (keep / arm / f"s{seed}").is_dir()}
+        if not kept:
+            continue
+        for arm, source in kept.items():
             shutil.copytree(source, run_dir(out, arm, seed))
             (run_dir(out, arm, seed) / KEPT).write_text(f"restored from {source}\n")
         _append_lines(keep, out, plan, seed)
