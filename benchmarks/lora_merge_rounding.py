@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from omegaconf import OmegaConf, open_dict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +47,7 @@ from lightning_epo.envs.sciworld import SciWorldEnv, SciWorldSuite  # noqa: E402
 from lightning_epo.models.loading import load_actor, load_tokenizer  # noqa: E402
 from lightning_epo.models.lora import ADAPTER, lora_layers  # noqa: E402
 from lightning_epo.models.weights import gathered_copy  # noqa: E402
+from lightning_epo.rollout.expert_engine import ExpertEngine  # noqa: E402
 from lightning_epo.rollout.prompts import PromptBuilder  # noqa: E402
 
 ACTOR_PREFIX = "actor."  # the LightningModule's attribute: its state_dict's keys for the policy
@@ -71,7 +73,9 @@ def trained_actor(run_dir: Path) -> tuple[torch.nn.Module, dict]:
 
 
 def gold_answers(cfg, tokenizer, turns: int, variation: int) -> list[tuple[list[int], list[int]]]:
-    """``(prompt ids, answer ids)`` of the first ``turns`` turns of each subset task's gold path."""
+    """``(prompt ids, answer ids)`` of the first ``turns`` turns of each subset task's gold path, the answer as the
+    expert writes it (``ExpertEngine.response_text`` and the stop token)."""
+    expert = ExpertEngine(tokenizer, think=cfg.rollout.think)
     builder = PromptBuilder("sciworld", history_length=cfg.env.history_length, think=cfg.rollout.think,
                             fixed_first=cfg.env.prompt.fixed_first, action_list=cfg.env.prompt.action_list)
     suite, env = SciWorldSuite(), SciWorldEnv(gold_path=True)
@@ -80,7 +84,7 @@ def gold_answers(cfg, tokenizer, turns: int, variation: int) -> list[tuple[list[
         for name in cfg.env.suite.task_subset:
             played = play(env, Task("train", name, suite.variations()[name]["train"][variation]), True, turns, None)
             for prompt, (_, _, action) in zip(prompt_ids(builder, tokenizer, played), played):
-                answer = tokenizer.encode(f"<action>{action}</action>", add_special_tokens=False)
+                answer = tokenizer.encode(expert.response_text(action), add_special_tokens=False)
                 rows.append((prompt, answer + [tokenizer.eos_token_id]))
     finally:
         env.close()
@@ -103,7 +107,7 @@ def answer_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int
 
 def kl(p_log: torch.Tensor, q_log: torch.Tensor) -> torch.Tensor:
     """``KL(p || q)`` per row of two ``[T, V]`` log-prob tables: ``[T]``."""
-    return (p_log.exp() * (p_log - q_log)).sum(-1)
+    return F.kl_div(q_log, p_log, reduction="none", log_target=True).sum(-1)
 
 
 @torch.no_grad()
@@ -129,14 +133,13 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4, help="turns of each task's gold path")
     parser.add_argument("--variation", type=int, default=0, help="which train variation of each task")
     args = parser.parse_args()
-    torch.manual_seed(0)
 
     actor, cfg = trained_actor(args.run_dir)
     tokenizer = load_tokenizer(cfg.model)
     rows = gold_answers(cfg, tokenizer, args.turns, args.variation)
-    exact = gathered_copy(actor).float()  # plain model, W + ΔW summed in float32
+    exact = gathered_copy(actor)  # a plain model, W + ΔW summed in the actor's float32
     base = actor.get_base_model()  # the adapters' own forward is skipped under disable_adapter
-    logp, tokens = {}, None
+    logp = {}
     logp["exact"], tokens = answer_logprobs(exact, rows)
     with actor.disable_adapter():
         logp["base"], _ = answer_logprobs(base, rows)

@@ -21,11 +21,18 @@ from tests.reports.test_comparison_report import plant_run, wins_of
 ARMS = {"grpo": ["algo=grpo"], "epo": ["algo=grpo_epo"]}  # real overrides: compare() composes every run's config
 
 
-def plan_at(tmp_path, seeds):
+def plan_at(tmp_path, seeds, arms=ARMS):
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump({"experiment": "smollm2_gridworld", "seeds": seeds, "control": "control",
-                                    "arms": ARMS}, sort_keys=False))
+                                    "arms": arms}, sort_keys=False))
     return path, Plan.read(path)
+
+
+def plant_last_checkpoint(out, arm, seed):
+    """The checkpoint Lightning writes after a run's last step (its epoch closed): the run has finished."""
+    (run_dir(out, arm, seed) / "checkpoints").mkdir()
+    torch.save({"loops": {"fit_loop": {"epoch_progress": {"current": {"completed": 1}}}}, "rl_state": {"rl_step": 2}},
+               run_dir(out, arm, seed) / "checkpoints" / "last.ckpt")
 
 
 def plant_finished(out, seed, wins, arm_finished=True):
@@ -33,10 +40,10 @@ def plant_finished(out, seed, wins, arm_finished=True):
     control (eval.json and its episodes), its warm start, and their lines of timings.tsv and commands.txt."""
     for arm in ARMS:
         plant_run(out, arm, seed, {"iid": wins_of(wins[arm]), "ood": wins_of(wins[arm])})
-        (run_dir(out, arm, seed) / "checkpoints").mkdir()
         if arm_finished or arm == "grpo":
-            torch.save({"loops": {"fit_loop": {"epoch_progress": {"current": {"completed": 1}}}},
-                        "rl_state": {"rl_step": 2}}, run_dir(out, arm, seed) / "checkpoints" / "last.ckpt")
+            plant_last_checkpoint(out, arm, seed)
+        else:
+            (run_dir(out, arm, seed) / "checkpoints").mkdir()
     control = run_dir(out, "control", seed)
     control.mkdir(parents=True)
     (control / "eval.json").write_text(json.dumps({f"val/{s}/{m}": v for s in ("iid", "ood")
@@ -121,11 +128,7 @@ def test_a_plan_that_adds_an_arm_to_kept_seeds_restores_their_kept_runs_and_keep
     assert keep_finished(plan, out, keep) == [0]
     kept_warm_start = (keep / "warm_start" / "s0" / "csv" / "metrics.csv").read_text()
     shutil.rmtree(out)
-    wider = tmp_path / "wider.yaml"
-    wider.write_text(yaml.safe_dump({"experiment": "smollm2_gridworld", "seeds": [0], "control": "control",
-                                     "arms": {**ARMS, "cool": ["algo=grpo_epo", "data.train_sampling.temperature=0.4"]}},
-                                    sort_keys=False))
-    plan = Plan.read(wider)
+    _, plan = plan_at(tmp_path, [0], arms={**ARMS, "cool": ["algo=grpo_epo", "data.train_sampling.temperature=0.4"]})
 
     assert restore_kept(plan, out, keep) == [0]
     assert sorted(arm for arm in plan.compared if finished(plan, out, arm, 0)) == ["control", "epo", "grpo"]
@@ -133,9 +136,7 @@ def test_a_plan_that_adds_an_arm_to_kept_seeds_restores_their_kept_runs_and_keep
     assert keep_finished(plan, out, keep) == []  # the new arm has not run
 
     plant_run(out, "cool", 0, {"iid": wins_of(8), "ood": wins_of(8)})
-    (run_dir(out, "cool", 0) / "checkpoints").mkdir()
-    torch.save({"loops": {"fit_loop": {"epoch_progress": {"current": {"completed": 1}}}}, "rl_state": {"rl_step": 2}},
-               run_dir(out, "cool", 0) / "checkpoints" / "last.ckpt")
+    plant_last_checkpoint(out, "cool", 0)
     plant_run(out, "warm_start", 0, {"iid": wins_of(2), "ood": wins_of(2)})  # trained again by the new checkout
     with open(out / "timings.tsv", "a") as timings:
         timings.write("cool\t0\t2026-12-07T02:00:00\t1800.0\t0\n")
