@@ -29,9 +29,12 @@ baseline of every difference. A run whose checkpoint records it finished is skip
 are recorded); a stopped one resumes (``ckpt_path=last``; a stopped control evaluates again). Run the
 command again after a stop; ``--status`` prints where each run stands, with the finished runs' success, and runs
 nothing; ``--seeds 0`` runs and reports only those of the plan's seeds (a rule read on seed 0 before the others run).
-With ``--keep RECORDS`` (a folder committed with the repository, e.g. ``docs/records/PLAN``) every seed whose runs
-have all finished is kept there as soon as they have, before the next seed starts, without checkpoints, and copied back into ``DIR`` at the next start, where it counts
-as finished: a comparison spread over sessions whose ``DIR`` does not survive (:mod:`.comparison.records`).
+With ``--keep RECORDS`` (a folder committed with the repository, e.g. ``docs/records/PLAN``) every seed whose runs have
+all finished is kept there as soon as they have, before the next seed starts, without checkpoints, and copied back into
+``DIR`` at the next start, where it counts as finished: a comparison spread over sessions whose ``DIR`` does not survive
+(:mod:`.comparison.records`). Each run records where it ran and the precision its config resolved to there
+(``machines.jsonl``): a seed with runs still to run is refused at start, in one line, where this machine would resolve a
+run of it to another precision than the one it recorded (the recipes pick bf16 or float32 by the CPU).
 
 The report (``DIR/report-<PLAN>.md``, and the figures in ``DIR/figures/<PLAN>``: plans may share a folder, and with it
 their seeds' warm starts): per arm the final evaluation's success (the last ``val/<split>/success`` of each run), pooled
@@ -56,7 +59,7 @@ from lightning_epo.core.errors import UserError, exit_with_error
 from lightning_epo.reports.comparison.plan import Plan
 from lightning_epo.reports.comparison.records import keep_finished, restore_kept
 from lightning_epo.reports.comparison.report import report, status
-from lightning_epo.reports.comparison.runner import check_shared_warm_starts, run_all
+from lightning_epo.reports.comparison.runner import check_one_precision, check_shared_warm_starts, run_all
 
 
 def compare(plan_path: Path, out: Path, python: str = sys.executable, seeds: list[int] | None = None,
@@ -71,6 +74,7 @@ def compare(plan_path: Path, out: Path, python: str = sys.executable, seeds: lis
     if keep:
         for seed in restore_kept(plan, out, keep):
             print(f"seed {seed}: its finished runs copied back from {keep}", flush=True)
+    check_one_precision(plan, out)
     for seed in plan.seeds:  # a seed is kept as soon as it finishes: a session killed in the next loses only that
         try:
             run_all(plan.with_seeds([seed]), out, python)

@@ -20,6 +20,7 @@ from lightning_epo.models.trained_on import other_environment_line
 from lightning_epo.runtime.config import check_machine, check_prompt_room, check_resume, resolve_ckpt_path, validate
 from lightning_epo.runtime.console import closing_lines
 from lightning_epo.runtime.engine_choice import choose_engine
+from lightning_epo.runtime.machine_record import record_machine
 from lightning_epo.runtime.resolvers import register_resolvers
 from lightning_epo.runtime.run_dir_lock import RunDirLock
 from lightning_epo.runtime.shared_engine import SharedEngine, shared_by_stages
@@ -60,6 +61,7 @@ def _train_or_evaluate(cfg: DictConfig, run_dir: Path, overrides: list[str] | No
                        shared: SharedEngine | None) -> dict[str, float]:
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
     check_resume(ckpt_path, cfg)
+    record_machine(cfg, run_dir, resumed=ckpt_path is not None)
     if runs_warm_start(cfg):
         user_overrides = command_line_overrides() if overrides is None else overrides
         start_from(cfg, run_warm_start(cfg, user_overrides, run_stage=partial(run, shared=shared)))

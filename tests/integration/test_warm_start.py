@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,11 @@ def test_rl_starts_from_the_warm_start_policy(compose_cfg, tmp_path, tiny_model_
     mtime = (policy / "model.safetensors").stat().st_mtime_ns
     run(compose_cfg(*args), overrides=[])
     assert (policy / "model.safetensors").stat().st_mtime_ns == mtime
+    # where each ran: a line each start of the RL run, one for the stage that trained once (machine_record.py)
+    starts = [json.loads(line) for line in (tmp_path / "run" / "machines.jsonl").read_text().splitlines()]
+    stage = [json.loads(line) for line in (tmp_path / "run" / "warm_start" / "machines.jsonl").read_text().splitlines()]
+    assert [(s["precision"], s["resumed"]) for s in starts] == [("32-true", False)] * 2
+    assert len(stage) == 1 and stage[0]["precision"] == "32-true" and stage[0]["cpu"]
     moved = actor_in(tmp_path / "run" / "checkpoints" / "last.ckpt")
     assert any(not torch.equal(moved[name], tensor) for name, tensor in warm.items())
 

@@ -145,3 +145,44 @@ def test_a_plan_that_adds_an_arm_to_kept_seeds_restores_their_kept_runs_and_keep
     assert (keep / "warm_start" / "s0" / "csv" / "metrics.csv").read_text() == kept_warm_start
     assert [line.split("\t")[:2] for line in (keep / "timings.tsv").read_text().splitlines()] == [
         ["grpo", "0"], ["epo", "0"], ["control", "0"], ["cool", "0"]]
+
+
+def plant_machine(directory, precision):
+    """The line a run's start appends to its ``machines.jsonl`` (runtime/machine_record.py), the precision alone."""
+    with open(directory / "machines.jsonl", "a") as file:
+        file.write(json.dumps({"precision": precision}) + "\n")
+
+
+def test_a_seed_kept_in_bf16_is_refused_at_start_where_its_commands_resolve_to_float32(tmp_path, monkeypatch):
+    """The recipes pick their precision by the CPU (``${native_bf16:bf16-mixed,32-true}``): a plan adding an arm to
+    seeds kept on a native-bf16 CPU, run on an AVX2 one, would train its arm in float32 and pair it with bf16 runs.
+    One line before anything runs, naming the runs and both precisions; where bf16 is native the seed runs."""
+    from lightning_epo.runtime import config
+
+    out, keep, ran = tmp_path / "outputs" / "cmp", tmp_path / "records", tmp_path / "ran"
+    _, plan = plan_at(tmp_path, [0])
+    plant_finished(out, 0, {"grpo": 6, "epo": 9})
+    for directory in [run_dir(out, arm, 0) for arm in plan.compared] + [run_dir(out, "warm_start", 0)]:
+        plant_machine(directory, "bf16-mixed")
+    assert keep_finished(plan, out, keep) == [0]
+    assert (keep / "warm_start" / "s0" / "machines.jsonl").is_file()
+    shutil.rmtree(out)  # a new checkout
+    path, _ = plan_at(tmp_path, [0], arms={**ARMS, "cool": ["algo=grpo_epo", "data.train_sampling.temperature=0.4"]})
+    python = tmp_path / "python"  # what a run would start: it leaves a mark, then fails
+    python.write_text(f"#!/bin/sh\ntouch {ran}\nexit 3\n")
+    python.chmod(0o755)
+
+    monkeypatch.setattr(config, "cpu_computes_bf16", lambda: False)
+    with pytest.raises(UserError, match=r"^seed 0: control, grpo and epo ran in bf16-mixed where this machine "
+                                        r"resolves their commands to 32-true: .*python -m lightning_epo.doctor"):
+        compare(path, out, python=str(python), keep=keep)
+    run_dir(out, "warm_start", 0).mkdir(parents=True)  # a warm start this --out trained earlier, in bf16
+    plant_machine(run_dir(out, "warm_start", 0), "bf16-mixed")
+    with pytest.raises(UserError, match=r"^seed 0: control, grpo, epo and warm_start ran in bf16-mixed"):
+        compare(path, out, python=str(python), keep=keep)
+    assert not ran.exists()
+
+    monkeypatch.setattr(config, "cpu_computes_bf16", lambda: True)
+    with pytest.raises(UserError, match="cool s0 exited 3"):
+        compare(path, out, python=str(python), keep=keep)
+    assert ran.exists()

@@ -1,16 +1,16 @@
 """A comparison's finished seeds kept where a fresh checkout finds them (``--keep DIR``, a folder committed with the
 repository, e.g. ``docs/records/<PLAN>``): for a comparison spread over sessions whose ``--out`` does not survive.
 
-A seed is kept once every run of it has finished (its arms and its control): per run the files the report reads and
-none of the checkpoints (``.hydra/``'s config and overrides, ``eval.json``, ``eval_episodes.jsonl``,
-``turn_entropy.jsonl``, the metric history as ``csv/metrics.csv`` whichever logger wrote it), the seed's warm start's
-config and history (for the record: nothing reads them back), and the seed's lines of ``timings.tsv`` and
-``commands.txt``. At the next start the kept runs missing from ``--out`` are copied back into it, each marked
-``kept`` (finished: :func:`~lightning_epo.reports.comparison.plan.finished`), so they are skipped, not rerun, and the
-report reads them as it reads the runs it ran itself. Plans may share one folder: a plan that adds an arm to seeds
-another plan kept gets those seeds' kept runs back (only its new arm runs) and, once the new arm has finished, adds it
-alone; the warm start's record stays the one first kept (where the new arm's checkout trained it again, its
-comparison page says so).
+A seed is kept once every run of it has finished (its arms and its control): per run the files the report reads and none
+of the checkpoints (``.hydra/``'s config and overrides, ``eval.json``, ``eval_episodes.jsonl``, ``turn_entropy.jsonl``,
+``machines.jsonl``, the metric history as ``csv/metrics.csv`` whichever logger wrote it), the seed's warm start's
+config, machine and history (for the record: nothing reads them back), and the seed's lines of ``timings.tsv`` and
+``commands.txt``. At the next start the kept runs missing from ``--out`` are copied back into it, each marked ``kept``
+(finished: :func:`~lightning_epo.reports.comparison.plan.finished`), so they are skipped, not rerun, and the report
+reads them as it reads the runs it ran itself. Plans may share one folder: a plan that adds an arm to seeds another plan
+kept gets those seeds' kept runs back (only its new arm runs) and, once the new arm has finished, adds it alone; the
+warm start's record stays the one first kept (where the new arm's checkout trained it again, its comparison page says
+so).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from lightning_epo.reports.comparison.plan import COMMANDS, KEPT, TIMINGS, Plan,
 from lightning_epo.reports.run_history import load_history
 from lightning_epo.runtime.warm_start import STAGE_DIR
 
-RECORDS = (".hydra/config.yaml", ".hydra/overrides.yaml", layout.EVAL, layout.EVAL_EPISODES, layout.TURN_ENTROPY)
+RECORDS = (".hydra/config.yaml", ".hydra/overrides.yaml", layout.EVAL, layout.EVAL_EPISODES, layout.TURN_ENTROPY,
+           layout.MACHINES)
 
 
 def keep_finished(plan: Plan, out: Path, keep: Path) -> list[int]:

@@ -6,14 +6,34 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections import defaultdict
 from datetime import datetime
+from functools import partial
 from pathlib import Path
+
+from omegaconf import DictConfig
 
 from lightning_epo.core.errors import UserError
 from lightning_epo.reports.comparison.plan import COMMANDS, LOG, TIMINGS, Plan, finished, last_checkpoint, run_dir
+from lightning_epo.runtime.machine_record import recorded_precisions
 from lightning_epo.runtime.warm_start import STAGE_DIR, compose_config, stage_overrides
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+def run_config(plan: Plan, out: Path, arm: str, seed: int) -> DictConfig:
+    """The config ``arm``'s run at ``seed`` composes (resolved on this machine where read)."""
+    return compose_config([*plan.overrides(arm, seed, out), f"run_dir={run_dir(out, arm, seed)}"])
+
+
+def warm_start_overrides(plan: Plan, out: Path, arm: str, seed: int, cfg: DictConfig) -> list[str]:
+    """The overrides of the warm start that ``arm``'s run (config ``cfg``) at ``seed`` trains or reuses."""
+    return stage_overrides(cfg, plan.overrides(arm, seed, out), out / STAGE_DIR / f"s{seed}")
+
+
+def warm_start_config(plan: Plan, out: Path, arm: str, seed: int) -> DictConfig:
+    """The config of the warm start that ``arm``'s run at ``seed`` trains or reuses."""
+    return compose_config(warm_start_overrides(plan, out, arm, seed, run_config(plan, out, arm, seed)))
 
 
 def check_shared_warm_starts(plan: Plan, out: Path) -> None:
@@ -22,16 +42,43 @@ def check_shared_warm_starts(plan: Plan, out: Path) -> None:
     for seed in plan.seeds:
         stages = {}
         for arm in plan.arms:
-            cfg = compose_config([*plan.overrides(arm, seed, out), f"run_dir={run_dir(out, arm, seed)}"])
+            cfg = run_config(plan, out, arm, seed)
             if cfg.warm_start is None:
                 raise UserError(f"experiment={plan.experiment} (arm {arm}) has no warm_start: the arms of a seed share "
                                 "its warm start; pick an experiment with one")
-            stages[arm] = stage_overrides(cfg, plan.overrides(arm, seed, out), out / STAGE_DIR / f"s{seed}")
+            stages[arm] = warm_start_overrides(plan, out, arm, seed, cfg)
         baseline = next(iter(plan.arms))
         differ = [arm for arm, stage in stages.items() if stage != stages[baseline]]
         if differ:
             raise UserError(f"arms {', '.join(differ)} would train another warm start than {baseline} (they override "
                             "a key the stage inherits, or a prompt setting): move that override to common")
+
+
+def check_one_precision(plan: Plan, out: Path) -> None:
+    """A seed with runs still to run runs where its runs ran: each of its runs (its warm start included) that recorded
+    its precision (``machines.jsonl``, runtime/machine_record.py) recorded the one its command resolves to on this
+    machine. The recipes pick bf16 or float32 by the CPU, so a seed continued on another kind of CPU would pair runs
+    of two precisions: one line naming them, before anything runs."""
+    baseline = next(iter(plan.arms))
+    for seed in plan.seeds:
+        if all(finished(plan, out, arm, seed) for arm in plan.compared):
+            continue
+        configs = {arm: partial(run_config, plan, out, arm, seed) for arm in plan.compared}
+        configs[STAGE_DIR] = partial(warm_start_config, plan, out, baseline, seed)
+        moved = defaultdict(list)  # (precision recorded, precision resolved here): the runs
+        for name, config in configs.items():
+            recorded = recorded_precisions(run_dir(out, name, seed))
+            here = str(config().trainer.precision) if recorded else None
+            for precision in recorded:
+                if precision != here:
+                    moved[precision, here].append(name)
+        if moved:
+            mixed = "; ".join(f"{', '.join(names[:-1]) + ' and ' if len(names) > 1 else ''}{names[-1]} ran in {ran} "
+                              f"where this machine resolves their commands to {here}"
+                              for (ran, here), names in moved.items())
+            raise UserError(f"seed {seed}: {mixed}: a seed's runs pair only in one precision; run it on a CPU like "
+                            "theirs (python -m lightning_epo.doctor says whether this one computes bf16 natively), or "
+                            "in another --out and --keep")
 
 
 def command(plan: Plan, out: Path, arm: str, seed: int, python: str) -> list[str] | None:
