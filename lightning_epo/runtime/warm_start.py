@@ -38,6 +38,7 @@ from lightning_epo.core.errors import ConfigError, UserError
 from lightning_epo.core.secrets import scrub_secrets
 from lightning_epo.runtime.config import CONF_DIR
 from lightning_epo.runtime.engine_choice import is_vllm
+from lightning_epo.runtime.resolvers import register_resolvers
 
 log = logging.getLogger(__name__)
 STAGE_DIR = layout.WARM_START
@@ -88,7 +89,9 @@ def evaluated_on_run_engine(stage: DictConfig, cfg: DictConfig) -> DictConfig:
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
-    """conf/config.yaml composed with ``overrides`` (inside a Hydra app: its own search path)."""
+    """conf/config.yaml composed with ``overrides`` (inside a Hydra app: its own search path), its resolvers
+    registered (a caller outside train.py, such as the compare tool, reads resolved values)."""
+    register_resolvers()
     if GlobalHydra.instance().is_initialized():
         return compose("config", overrides=overrides)
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):

@@ -4,7 +4,10 @@ checkout), where they count as finished, are not rerun, and report as they did; 
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -186,3 +189,23 @@ def test_a_seed_kept_in_bf16_is_refused_at_start_where_its_commands_resolve_to_f
     with pytest.raises(UserError, match="cool s0 exited 3"):
         compare(path, out, python=str(python), keep=keep)
     assert ran.exists()
+
+
+def test_the_compare_command_refuses_a_seed_of_another_precision_in_one_line(tmp_path):
+    """The command as a user runs it, in a process of its own (the tests' process has registered the config's
+    resolvers by importing the runtime; the command must do so itself): a kept seed recorded in a precision this
+    machine resolves no command to is refused, one line, no traceback, nothing run."""
+    out, keep = tmp_path / "outputs" / "cmp", tmp_path / "records"
+    path, plan = plan_at(tmp_path, [0])
+    plant_finished(out, 0, {"grpo": 6, "epo": 9})
+    for arm in plan.compared:
+        plant_machine(run_dir(out, arm, 0), "16-mixed")
+    keep_finished(plan, out, keep)
+    shutil.rmtree(out)
+    _, plan = plan_at(tmp_path, [0], arms={**ARMS, "cool": ["algo=grpo_epo", "data.train_sampling.temperature=0.4"]})
+    done = subprocess.run([sys.executable, "-m", "lightning_epo.reports.compare", str(path), "--out", str(out),
+                           "--python", "/nonexistent/python", "--keep", str(keep)], capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert re.search(r"seed 0: control, grpo and epo ran in 16-mixed where this machine resolves their commands to "
+                     r"(32-true|bf16-mixed): a seed's runs pair only in one precision", done.stderr), done.stderr
+    assert not run_dir(out, "cool", 0).exists()
