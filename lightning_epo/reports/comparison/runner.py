@@ -74,8 +74,8 @@ def check_one_precision(plan: Plan, out: Path) -> None:
                     moved[precision, here].append(name)
         if moved:
             mixed = "; ".join(f"{', '.join(names[:-1]) + ' and ' if len(names) > 1 else ''}{names[-1]} ran in {ran} "
-                              f"where this machine resolves their commands to {here}"
-                              for (ran, here), names in moved.items())
+                              f"where this machine resolves {'their commands' if len(names) > 1 else 'its command'} "
+                              f"to {here}" for (ran, here), names in moved.items())
             raise UserError(f"seed {seed}: {mixed}: a seed's runs pair only in one precision; run it on a CPU like "
                             "theirs (python -m lightning_epo.doctor says whether this one computes bf16 natively), or "
                             "in another --out and --keep")
