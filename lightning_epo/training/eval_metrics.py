@@ -110,7 +110,9 @@ class EvalMetrics(torch.nn.ModuleDict):
         it is logged at: the index of the RL step it follows (0 before the first), Lightning's own for an evaluation
         inside ``fit``, which an evaluation that a resumed run plays before ``fit`` (lightning_epo/runtime/run.py)
         must be given (Lightning's count restarts at 0 there); and the score and per-task metrics (:meth:`totals`,
-        summed over ranks here: a collective)."""
+        summed over ranks here: a collective). So ``val_at_start`` with ``test_every=1`` logs two evaluations at step
+        0 (before and after the first RL step): a metric history keeps the later, ``eval_episodes.jsonl`` both (by
+        ``after_rl_steps``)."""
         step = {"step": float(max(rl_step - 1, 0))} if logged else {}
         cache = prefix_cache_share(self.prompts, "perf/eval_prefix_cache_share")
         return {"perf/eval_s": self.seconds} | cache | self.totals(self.splits) | step
