@@ -6,7 +6,6 @@ The scripts are run as ``python benchmarks/<name>.py`` (this folder is then on `
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -15,16 +14,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a plain script from any directory
     sys.path.insert(0, str(REPO_ROOT))
 
-
-def cpu_name() -> str:
-    """The CPU's model name from ``/proc/cpuinfo`` (``platform.processor()`` elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+from lightning_epo.core.machine import cpu_name  # noqa: E402
 
 
 def machine_line() -> str:

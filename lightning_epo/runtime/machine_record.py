@@ -7,7 +7,6 @@ is what tells the two apart (the compare tool refuses a seed whose runs would mi
 from __future__ import annotations
 
 import json
-import platform
 from datetime import datetime
 from pathlib import Path
 
@@ -16,17 +15,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from lightning_epo.core import layout
+from lightning_epo.core.machine import cpu_name
 from lightning_epo.runtime.config import cpu_computes_bf16
-
-
-def cpu_name() -> str:
-    """The CPU's model name as the kernel reports it (``platform.processor()`` where there is no /proc/cpuinfo)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 @rank_zero_only
