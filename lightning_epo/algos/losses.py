@@ -120,6 +120,14 @@ def explained_variance_moments(returns: torch.Tensor, values: torch.Tensor, mask
     return torch.stack([r.sum(), (r**2).sum(), err.sum(), (err**2).sum(), mask.sum().float()])
 
 
+def critic_means_from_moments(moments: torch.Tensor) -> tuple[float, float]:
+    """``critic/return_mean`` and ``critic/value_mean``: the mean return target ``R`` and the mean value ``V`` over
+    response tokens, from :func:`explained_variance_moments` ``[5]`` (``V = R - (R - V)``). Whether the critic is on
+    the returns' scale, which the explained variance cannot say: it is 0 for a constant ``V`` at any level."""
+    n = moments[4].clamp(min=1.0)
+    return float(moments[0] / n), float((moments[0] - moments[2]) / n)
+
+
 def explained_variance_from_moments(moments: torch.Tensor) -> torch.Tensor:
     """``1 - Var(R - V) / Var(R)`` from :func:`explained_variance_moments` ``[5]``; NaN when the returns do not vary
     (see :func:`explained_variance`)."""

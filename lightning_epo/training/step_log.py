@@ -7,7 +7,9 @@ from __future__ import annotations
 import torch
 
 from lightning_epo.algos import out_of_range
-from lightning_epo.algos.losses import explained_variance_from_moments, explained_variance_moments
+from lightning_epo.algos.losses import (
+    critic_means_from_moments, explained_variance_from_moments, explained_variance_moments,
+)
 from lightning_epo.algos.objective import ObjectiveSettings, StepTargets
 from lightning_epo.core.metric_names import LOSS_TERMS, PANELS, ROLLOUT_COUNTS
 from lightning_epo.rollout.batch import RolloutBatch
@@ -46,7 +48,8 @@ def step_metrics(
     up over ranks, rates average), the loss terms, the PPO diagnostics, the engine's mean log-prob gap (with engine
     log-probs), λ_k (where ``entropy_regularised``: ``algo.entropy_coef > 0``), β_k (with smoothing), H̄ and the
     share of tokens outside Eq. 5's band (EPO: smoothing, or the entropy term without it, EPO-Base), the entropy
-    panels and the critic's explained variance (undefined when the returns do not vary)."""
+    panels, the critic's mean value and return target and its explained variance (undefined when the returns do not
+    vary)."""
     metrics = {name: float(total[name] if name in ROLLOUT_COUNTS else total[name] / world_size) for name in stats}
     metrics |= {f"loss/{name}": float(total[f"terms/{name}"]) for name in LOSS_TERMS if name in terms}
     metrics |= {"ppo/clipfrac": float(total["terms/clipfrac"]), "ppo/approx_kl": float(total["terms/approx_kl"])}
@@ -62,6 +65,8 @@ def step_metrics(
     for i, name in enumerate(PANELS):
         if (value := ratio(total["panels"][2 * i : 2 * i + 2])) is not None:
             metrics[f"entropy/{name}"] = value
-    if "critic" in total and torch.isfinite(ev := explained_variance_from_moments(total["critic"])):
-        metrics["critic/explained_variance"] = float(ev)
+    if "critic" in total:
+        metrics["critic/return_mean"], metrics["critic/value_mean"] = critic_means_from_moments(total["critic"])
+        if torch.isfinite(ev := explained_variance_from_moments(total["critic"])):
+            metrics["critic/explained_variance"] = float(ev)
     return metrics

@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from lightning_epo.algos import clipped_value_loss
-from lightning_epo.algos.losses import explained_variance
+from lightning_epo.algos.losses import critic_means_from_moments, explained_variance, explained_variance_moments
 
 PPO = OmegaConf.load(Path(__file__).parents[2] / "conf" / "algo" / "ppo.yaml")
 
@@ -56,3 +56,16 @@ def test_explained_variance_is_undefined_when_the_returns_do_not_vary():
     returns = torch.full((4, 7), 9.9)
     mask = torch.ones(4, 7, dtype=torch.bool)
     assert torch.isnan(explained_variance(returns, torch.randn(4, 7), mask))
+
+
+def test_the_critics_means_are_the_masked_means_of_the_returns_and_values_over_ranks():
+    """``critic/return_mean`` and ``critic/value_mean``: whether V is on the returns' scale, which the explained
+    variance cannot say (it is 0 for a constant V at any level)."""
+    returns, values = torch.randn(4, 6) * 5 + 7, torch.randn(4, 6)
+    mask = torch.rand(4, 6) > 0.3
+    mask[0, 0] = True
+    ranks = explained_variance_moments(returns[:2], values[:2], mask[:2]) + explained_variance_moments(
+        returns[2:], values[2:], mask[2:])
+    return_mean, value_mean = critic_means_from_moments(ranks)
+    assert return_mean == pytest.approx(returns[mask].mean().item(), rel=1e-5)
+    assert value_mean == pytest.approx(values[mask].mean().item(), rel=1e-5, abs=1e-6)

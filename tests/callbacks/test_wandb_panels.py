@@ -21,7 +21,7 @@ EVERY_STEP = [
     "train/reward", "train/success", "train/turns", "train/invalid_action_rate",
     "loss/policy", "loss/entropy", "loss/value", "loss/total", "epo/beta",
     "entropy/early_turns", "entropy/late_turns", "entropy/early_tokens", "entropy/late_tokens",
-    "ppo/clipfrac", "ppo/approx_kl",
+    "ppo/clipfrac", "ppo/approx_kl", "critic/value_mean", "critic/return_mean",
     "perf/rollout_s", "perf/update_s", "perf/gen_tokens_per_s", "perf/env_steps_per_s",
     "perf/gen_s", "perf/env_s", "perf/values_s", "perf/weight_sync_s", "perf/step_s",
     "perf/update_flops_per_s", "perf/update_peak_share", "perf/host_peak_rss_gib",
