@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
 from lightning_epo.models.loading import load_critic, load_tokenizer
+from lightning_epo.reports.run_history import load_run_config
 
 PENALTIES = (10.0, 100.0, 1000.0, 10000.0)
 
@@ -46,7 +46,7 @@ def sampled_turns(run_dir: Path) -> list[dict]:
 
 def final_critic(run_dir: Path) -> tuple[torch.nn.Module, dict]:
     """The run's critic with its weights from ``last.ckpt`` (every critic parameter is in it) and its model config."""
-    model_cfg = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml").model, resolve=True)
+    model_cfg = load_run_config(run_dir)["model"]
     critic = load_critic(model_cfg)
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
     critic.load_state_dict({name[len("critic."):]: value for name, value in state.items() if name.startswith("critic.")})
