@@ -5,9 +5,10 @@ turn's state moves the hidden state a critic of N layers reads.
 
 Each run's final critic (``RUN_DIR/checkpoints/last.ckpt``, built as the run's ``.hydra/config.yaml`` builds it) is
 read at every turn of the run's sampled episodes (``samples.jsonl``) at the prompt's last token: ``V`` of the state
-before the turn's first response token, against the turn's return to go (the sum of the episode's turn rewards from
-that turn on: GAE with gamma = lambda = 1, the recipe's). ``critic/explained_variance`` is 0 for a constant ``V`` at any
-level; the sd of ``V`` over the turns says whether the critic tells states apart.
+before the turn's first response token, against the turn's return to go (the discounted sum of the episode's turn
+rewards from that turn on, at the run's gamma: the critic's target with lambda = 1, the recipe's).
+``critic/explained_variance`` is 0 for a constant ``V`` at any level; the sd of ``V`` over the turns says whether the
+critic tells states apart.
 
 With ``--policy`` (a policy folder, e.g. a warm start's ``policy``), the same turns through that policy: at each depth
 N, the normed hidden state after N decoder layers at the prompt's last token (what ``model.critic_layers=N`` reads), its
@@ -26,6 +27,8 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
+from lightning_epo.algos.advantages import discounted_turn_returns
+from lightning_epo.algos.losses import explained_variance
 from lightning_epo.models.loading import load_critic, load_tokenizer
 from lightning_epo.reports.run_history import load_run_config
 
@@ -33,14 +36,18 @@ PENALTIES = (10.0, 100.0, 1000.0, 10000.0)
 
 
 def sampled_turns(run_dir: Path) -> list[dict]:
-    """Every turn of the run's sampled episodes: its prompt, its return to go, its episode, index and task."""
+    """Every turn of the run's sampled episodes: its prompt, its episode, index and task, and its return to go
+    (:func:`discounted_turn_returns` at the run's ``algo.gae.gamma``: with lambda = 1, the critic's target)."""
+    gamma = load_run_config(run_dir)["algo"]["gae"]["gamma"]
     turns = []
     for episode_index, line in enumerate((run_dir / "samples.jsonl").read_text().splitlines()):
         episode = json.loads(line)
-        rewards = [turn["reward"] for turn in episode["turns"]]
-        for i, turn in enumerate(episode["turns"]):
-            turns.append({"prompt": turn["prompt"], "return_to_go": sum(rewards[i:]), "turn": i,
-                          "episode": f"{run_dir}:{episode_index}", "task": episode["task"].split(".")[0]})
+        turns += [{"prompt": turn["prompt"], "reward": turn["reward"], "turn": i, "episode": episode_index,
+                   "task": episode["task"].split(".")[0]} for i, turn in enumerate(episode["turns"])]
+    returns = discounted_turn_returns(*(torch.tensor([t[key] for t in turns]) for key in ("reward", "episode", "turn")),
+                                      gamma=gamma)
+    for turn, value in zip(turns, returns.tolist()):
+        turn["return_to_go"], turn["episode"] = value, f"{run_dir}:{turn['episode']}"
     return turns
 
 
@@ -49,7 +56,8 @@ def final_critic(run_dir: Path) -> tuple[torch.nn.Module, dict]:
     model_cfg = load_run_config(run_dir)["model"]
     critic = load_critic(model_cfg)
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
-    critic.load_state_dict({name[len("critic."):]: value for name, value in state.items() if name.startswith("critic.")})
+    critic.load_state_dict({name.removeprefix("critic."): value for name, value in state.items()
+                            if name.startswith("critic.")})
     return critic.eval(), model_cfg
 
 
@@ -62,7 +70,7 @@ def critic_values(run_dir: Path) -> None:
             tokenizer(t["prompt"] + tokenizer.eos_token, return_tensors="pt", add_special_tokens=False).input_ids
             for t in turns)])  # values[:, p] reads position p - 1: one token past the prompt reads its last token
     returns = torch.tensor([t["return_to_go"] for t in turns])
-    ev = 1 - (returns - values).var() / returns.var()
+    ev = explained_variance(returns[None], values[None], torch.ones(1, len(turns), dtype=torch.bool))
     print(f"{run_dir}: {len(turns)} turns; return to go mean {returns.mean():.2f} sd {returns.std():.2f}; "
           f"V mean {values.mean():.2f} sd {values.std():.3f}; explained variance {ev:.3f}; "
           f"correlation {torch.corrcoef(torch.stack([values, returns]))[0, 1]:.3f}")
@@ -78,7 +86,8 @@ def leave_one_episode_out_r2(features: np.ndarray, returns: np.ndarray, episodes
         train, test = episodes != episode, episodes == episode
         mean, sd = features[train].mean(0), features[train].std(0) + 1e-8
         x = (features[train] - mean) / sd
-        weights = np.linalg.solve(x.T @ x + penalty * np.eye(x.shape[1]), x.T @ (returns[train] - returns[train].mean()))
+        centred = returns[train] - returns[train].mean()
+        weights = np.linalg.solve(x.T @ x + penalty * np.eye(x.shape[1]), x.T @ centred)
         predicted[test] = (features[test] - mean) / sd @ weights + returns[train].mean()
     return float(1 - ((returns - predicted) ** 2).sum() / ((returns - returns.mean()) ** 2).sum())
 
