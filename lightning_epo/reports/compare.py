@@ -32,9 +32,11 @@ nothing; ``--seeds 0`` runs and reports only those of the plan's seeds (a rule r
 With ``--keep RECORDS`` (a folder committed with the repository, e.g. ``docs/records/PLAN``) every seed whose runs have
 all finished is kept there as soon as they have, before the next seed starts, without checkpoints, and copied back into
 ``DIR`` at the next start, where it counts as finished: a comparison spread over sessions whose ``DIR`` does not survive
-(:mod:`.comparison.records`). Each run records where it ran and the precision its config resolved to there
-(``machines.jsonl``): a seed with runs still to run is refused at start, in one line, where this machine would resolve a
-run of it to another precision than the one it recorded (the recipes pick bf16 or float32 by the CPU).
+(:mod:`.comparison.records`); where a new arm's run trained such a seed's warm start again, the seed is refused in
+one line, and not kept, unless that warm start logged the kept one's SFT losses (the kept runs started from it).
+Each run records where it ran and the precision its config resolved to there (``machines.jsonl``): a seed with runs
+still to run is refused at start, in one line, where this machine would resolve a run of it to another precision than
+the one it recorded (the recipes pick bf16 or float32 by the CPU).
 
 The report (``DIR/report-<PLAN>.md``, and the figures in ``DIR/figures/<PLAN>``: plans may share a folder, and with it
 their seeds' warm starts): per arm the final evaluation's success (the last ``val/<split>/success`` of each run), pooled
@@ -57,7 +59,8 @@ from pathlib import Path
 
 from lightning_epo.core.errors import UserError, exit_with_error
 from lightning_epo.reports.comparison.plan import Plan
-from lightning_epo.reports.comparison.records import keep_finished, restore_kept
+from lightning_epo.reports.comparison.records import (check_kept_runs_share_the_warm_start, keep_finished,
+                                                      restore_kept)
 from lightning_epo.reports.comparison.report import report, status
 from lightning_epo.reports.comparison.runner import check_one_precision, check_shared_warm_starts, run_all
 
@@ -79,6 +82,8 @@ def compare(plan_path: Path, out: Path, python: str = sys.executable, seeds: lis
         try:
             run_all(plan.with_seeds([seed]), out, python)
         finally:
+            if keep:
+                check_kept_runs_share_the_warm_start(plan, out, keep, seed)
             for kept in keep_finished(plan, out, keep) if keep else []:
                 print(f"seed {kept}: its finished runs kept in {keep} (commit them)", flush=True)
     path = out / f"report-{plan.name}.md"

@@ -209,3 +209,43 @@ def test_the_compare_command_refuses_a_seed_of_another_precision_in_one_line(tmp
     assert re.search(r"seed 0: control, grpo and epo ran in 16-mixed where this machine resolves their commands to "
                      r"(32-true|bf16-mixed): a seed's runs pair only in one precision", done.stderr), done.stderr
     assert not run_dir(out, "cool", 0).exists()
+
+
+def plant_sft_losses(run, losses):
+    """The warm start's history with its SFT loss at each step (``loss/policy``), as its run logs it."""
+    history = load_history(run)
+    history["loss/policy"] = list(enumerate(losses))
+    shutil.rmtree(run / "csv")
+    write_history_csv(history, run / "csv" / "metrics.csv")
+
+
+@pytest.mark.parametrize("retrained", [[1.25, 0.5], [1.25, 0.5001]], ids=["same", "other"])
+def test_kept_runs_pair_only_with_a_warm_start_trained_again_to_the_same_sft_losses(tmp_path, retrained):
+    """A fresh checkout trains a kept seed's warm start again for a new arm; the kept control and arms started from
+    the first one. Where the new one's SFT losses differ, the seed is refused in one line naming its kept runs and not
+    kept (its records would pair runs of two warm starts); where they agree, the new arm is kept beside them."""
+    out, keep = tmp_path / "outputs" / "cmp", tmp_path / "records"
+    _, plan = plan_at(tmp_path, [0])
+    plant_finished(out, 0, {"grpo": 6, "epo": 9})
+    plant_sft_losses(run_dir(out, "warm_start", 0), [1.25, 0.5])
+    assert keep_finished(plan, out, keep) == [0]
+    shutil.rmtree(out)
+    path, plan = plan_at(tmp_path, [0], arms={**ARMS, "cool": ["algo=grpo_epo", "data.train_sampling.temperature=0.4"]})
+    assert restore_kept(plan, out, keep) == [0]
+    plant_run(out, "cool", 0, {"iid": wins_of(8), "ood": wins_of(8)})  # the new arm, finished ...
+    plant_last_checkpoint(out, "cool", 0)
+    plant_run(out, "warm_start", 0, {"iid": wins_of(1), "ood": wins_of(1)})  # ... from the warm start it trained
+    plant_sft_losses(run_dir(out, "warm_start", 0), retrained)
+
+    if retrained == [1.25, 0.5]:
+        compare(path, out, python="/nonexistent/python", keep=keep)  # nothing to run
+        assert (keep / "cool" / "s0" / "eval_episodes.jsonl").is_file()
+        return
+    with pytest.raises(UserError) as refused:
+        compare(path, out, python="/nonexistent/python", keep=keep)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("seed 0: ")
+    assert "loss/policy at step 1: 0.5001 here, 0.5 kept" in message
+    assert "): control, grpo, epo do not pair with the runs made here" in message
+    assert "another --out and --keep" in message
+    assert not (keep / "cool").exists()

@@ -9,8 +9,9 @@ config, machine and history (for the record: nothing reads them back), and the s
 (finished: :func:`~lightning_epo.reports.comparison.plan.finished`), so they are skipped, not rerun, and the report
 reads them as it reads the runs it ran itself. Plans may share one folder: a plan that adds an arm to seeds another plan
 kept gets those seeds' kept runs back (only its new arm runs) and, once the new arm has finished, adds it alone; the
-warm start's record stays the one first kept (where the new arm's checkout trained it again, its comparison page says
-so).
+warm start's record stays the one first kept. Where the new arm's checkout trained the seed's warm start again (its
+policy is not kept), the seed is kept only if that warm start is the same, its SFT losses the kept ones
+(:func:`check_kept_runs_share_the_warm_start`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import shutil
 from pathlib import Path
 
 from lightning_epo.core import layout
+from lightning_epo.core.errors import UserError
 from lightning_epo.reports.comparison.plan import COMMANDS, KEPT, TIMINGS, Plan, finished, run_dir
 from lightning_epo.reports.run_history import load_history
 from lightning_epo.runtime.warm_start import STAGE_DIR
 
+SFT_LOSS = "loss/policy"  # a warm start's loss at each SFT step: the same training logs the same values
 RECORDS = (".hydra/config.yaml", ".hydra/overrides.yaml", layout.EVAL, layout.EVAL_EPISODES, layout.TURN_ENTROPY,
            layout.MACHINES)
 
@@ -63,6 +66,37 @@ def restore_kept(plan: Plan, out: Path, keep: Path) -> list[int]:
         _append_lines(keep, out, plan, seed)
         restored.append(seed)
     return restored
+
+
+def check_kept_runs_share_the_warm_start(plan: Plan, out: Path, keep: Path, seed: int) -> None:
+    """The seed's runs copied back from ``keep`` started from the warm start kept with them; where this checkout
+    trained the seed's warm start again (records keep no weights), the runs made here pair with them only if it is the
+    same one: its SFT loss (``loss/policy``) equal to the kept history's, within 1e-6 relative, at every step. One line
+    naming the kept runs where it is not, before the seed is kept (its records would pair runs of two warm starts)."""
+    restored = [arm for arm in plan.compared if (run_dir(out, arm, seed) / KEPT).is_file()]
+    differs = _sft_losses_differ(run_dir(out, STAGE_DIR, seed), run_dir(keep, STAGE_DIR, seed)) if restored else None
+    if differs:
+        raise UserError(f"seed {seed}: its warm start, trained again in {out}, is not the one its kept runs started "
+                        f"from ({differs}): {', '.join(restored)} do not pair with the runs made here; run this seed "
+                        f"in another --out and --keep, where all its runs start from one warm start (move "
+                        f"{run_dir(out, STAGE_DIR, seed)} there to reuse it)")
+
+
+def _sft_losses_differ(here: Path, kept: Path, rel_tol: float = 1e-6) -> str | None:
+    """The first step at which the two warm starts' ``loss/policy`` differ (``"step k: a here, b kept"``, or the steps
+    only one of them logged); None where they agree, or either has no such history (nothing to compare)."""
+    try:
+        ours, theirs = (dict(load_history(run).get(SFT_LOSS, [])) for run in (here, kept))
+    except UserError:  # a run without metrics
+        return None
+    if not ours or not theirs:
+        return None
+    if ours.keys() != theirs.keys():
+        return f"steps {sorted(ours)} here, {sorted(theirs)} kept"
+    for step in sorted(ours):
+        if abs(ours[step] - theirs[step]) > rel_tol * abs(theirs[step]):
+            return f"{SFT_LOSS} at step {step}: {ours[step]!r} here, {theirs[step]!r} kept"
+    return None
 
 
 def _copy_run(source: Path, target: Path, history: bool) -> None:
