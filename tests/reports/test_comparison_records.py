@@ -15,7 +15,8 @@ import yaml
 
 from lightning_epo.core.errors import UserError
 from lightning_epo.reports.comparison.plan import Plan, finished, run_dir
-from lightning_epo.reports.comparison.records import keep_finished, restore_kept, write_history_csv
+from lightning_epo.reports.comparison.records import (check_kept_runs_share_the_warm_start, keep_finished,
+                                                      restore_kept, write_history_csv)
 from lightning_epo.reports.comparison.report import report
 from lightning_epo.reports.compare import compare
 from lightning_epo.reports.run_history import load_history
@@ -238,6 +239,9 @@ def test_kept_runs_pair_only_with_a_warm_start_trained_again_to_the_same_sft_los
     plant_sft_losses(run_dir(out, "warm_start", 0), retrained)
 
     if retrained == [1.25, 0.5]:
+        plant_sft_losses(run_dir(out, "warm_start", 0), [1.25])  # stopped after its first step: the same so far
+        check_kept_runs_share_the_warm_start(plan, out, keep, 0)
+        plant_sft_losses(run_dir(out, "warm_start", 0), retrained)
         compare(path, out, python="/nonexistent/python", keep=keep)  # nothing to run
         assert (keep / "cool" / "s0" / "eval_episodes.jsonl").is_file()
         return

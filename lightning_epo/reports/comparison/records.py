@@ -83,17 +83,14 @@ def check_kept_runs_share_the_warm_start(plan: Plan, out: Path, keep: Path, seed
 
 
 def _sft_losses_differ(here: Path, kept: Path, rel_tol: float = 1e-6) -> str | None:
-    """The first step at which the two warm starts' ``loss/policy`` differ (``"step k: a here, b kept"``, or the steps
-    only one of them logged); None where they agree, or either has no such history (nothing to compare)."""
+    """The first step both warm starts logged at which their ``loss/policy`` differ (``"loss/policy at step k: a here,
+    b kept"``); None where they agree at every such step (a warm start stopped part way agrees so far), or either has
+    no such history (nothing to compare)."""
     try:
         ours, theirs = (dict(load_history(run).get(SFT_LOSS, [])) for run in (here, kept))
     except UserError:  # a run without metrics
         return None
-    if not ours or not theirs:
-        return None
-    if ours.keys() != theirs.keys():
-        return f"steps {sorted(ours)} here, {sorted(theirs)} kept"
-    for step in sorted(ours):
+    for step in sorted(ours.keys() & theirs.keys()):
         if abs(ours[step] - theirs[step]) > rel_tol * abs(theirs[step]):
             return f"{SFT_LOSS} at step {step}: {ours[step]!r} here, {theirs[step]!r} kept"
     return None
