@@ -71,8 +71,9 @@ def restore_kept(plan: Plan, out: Path, keep: Path) -> list[int]:
 def check_kept_runs_share_the_warm_start(plan: Plan, out: Path, keep: Path, seed: int) -> None:
     """The seed's runs copied back from ``keep`` started from the warm start kept with them; where this checkout
     trained the seed's warm start again (records keep no weights), the runs made here pair with them only if it is the
-    same one: its SFT loss (``loss/policy``) equal to the kept history's, within 1e-6 relative, at every step. One line
-    naming the kept runs where it is not, before the seed is kept (its records would pair runs of two warm starts)."""
+    same one: its SFT loss (``loss/policy``) equal to the kept history's, within 1e-6 relative, at each step both
+    logged. One line naming the kept runs where it is not, before the seed is kept (its records would pair runs of two
+    warm starts)."""
     restored = [arm for arm in plan.compared if (run_dir(out, arm, seed) / KEPT).is_file()]
     differs = _sft_losses_differ(run_dir(out, STAGE_DIR, seed), run_dir(keep, STAGE_DIR, seed)) if restored else None
     if differs:
