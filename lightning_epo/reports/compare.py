@@ -59,8 +59,7 @@ from pathlib import Path
 
 from lightning_epo.core.errors import UserError, exit_with_error
 from lightning_epo.reports.comparison.plan import Plan
-from lightning_epo.reports.comparison.records import (check_kept_runs_share_the_warm_start, keep_finished,
-                                                      restore_kept)
+from lightning_epo.reports.comparison.records import keep_finished, restore_kept
 from lightning_epo.reports.comparison.report import report, status
 from lightning_epo.reports.comparison.runner import check_one_precision, check_shared_warm_starts, run_all
 
@@ -82,8 +81,6 @@ def compare(plan_path: Path, out: Path, python: str = sys.executable, seeds: lis
         try:
             run_all(plan.with_seeds([seed]), out, python)
         finally:
-            if keep:
-                check_kept_runs_share_the_warm_start(plan, out, keep, seed)
             for kept in keep_finished(plan, out, keep) if keep else []:
                 print(f"seed {kept}: its finished runs kept in {keep} (commit them)", flush=True)
     path = out / f"report-{plan.name}.md"

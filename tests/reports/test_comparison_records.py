@@ -220,11 +220,9 @@ def plant_sft_losses(run, losses):
     write_history_csv(history, run / "csv" / "metrics.csv")
 
 
-@pytest.mark.parametrize("retrained", [[1.25, 0.5], [1.25, 0.5001]], ids=["same", "other"])
-def test_kept_runs_pair_only_with_a_warm_start_trained_again_to_the_same_sft_losses(tmp_path, retrained):
-    """A fresh checkout trains a kept seed's warm start again for a new arm; the kept control and arms started from
-    the first one. Where the new one's SFT losses differ, the seed is refused in one line naming its kept runs and not
-    kept (its records would pair runs of two warm starts); where they agree, the new arm is kept beside them."""
+def kept_seed_with_a_new_arm(tmp_path, retrained):
+    """Seed 0 kept with its warm start's SFT losses 1.25, 0.5; then a fresh checkout's plan adds an arm, its kept runs
+    copied back, and the new arm finished from the warm start it trained again, which logged ``retrained``."""
     out, keep = tmp_path / "outputs" / "cmp", tmp_path / "records"
     _, plan = plan_at(tmp_path, [0])
     plant_finished(out, 0, {"grpo": 6, "epo": 9})
@@ -237,14 +235,23 @@ def test_kept_runs_pair_only_with_a_warm_start_trained_again_to_the_same_sft_los
     plant_last_checkpoint(out, "cool", 0)
     plant_run(out, "warm_start", 0, {"iid": wins_of(1), "ood": wins_of(1)})  # ... from the warm start it trained
     plant_sft_losses(run_dir(out, "warm_start", 0), retrained)
+    return path, plan, out, keep
 
-    if retrained == [1.25, 0.5]:
-        plant_sft_losses(run_dir(out, "warm_start", 0), [1.25])  # stopped after its first step: the same so far
-        check_kept_runs_share_the_warm_start(plan, out, keep, 0)
-        plant_sft_losses(run_dir(out, "warm_start", 0), retrained)
-        compare(path, out, python="/nonexistent/python", keep=keep)  # nothing to run
-        assert (keep / "cool" / "s0" / "eval_episodes.jsonl").is_file()
-        return
+
+def test_a_new_arm_is_kept_beside_kept_runs_whose_warm_start_was_trained_again_to_the_same_sft_losses(tmp_path):
+    """Where the warm start trained again logged the kept one's SFT losses (so far, or at every step), the new arm is
+    kept beside the kept runs."""
+    path, plan, out, keep = kept_seed_with_a_new_arm(tmp_path, [1.25])  # stopped after its first step: the same so far
+    check_kept_runs_share_the_warm_start(plan, out, keep, 0)
+    plant_sft_losses(run_dir(out, "warm_start", 0), [1.25, 0.5])
+    compare(path, out, python="/nonexistent/python", keep=keep)  # nothing to run
+    assert (keep / "cool" / "s0" / "eval_episodes.jsonl").is_file()
+
+
+def test_a_seed_whose_warm_start_was_trained_again_to_other_sft_losses_is_refused_and_not_kept(tmp_path):
+    """The kept control and arms started from the first warm start: where the new one logged other SFT losses, the
+    seed is refused in one line naming its kept runs, and not kept (its records would pair runs of two warm starts)."""
+    path, _, out, keep = kept_seed_with_a_new_arm(tmp_path, [1.25, 0.5001])
     with pytest.raises(UserError) as refused:
         compare(path, out, python="/nonexistent/python", keep=keep)
     message = str(refused.value)

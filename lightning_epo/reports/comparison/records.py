@@ -33,12 +33,15 @@ RECORDS = (".hydra/config.yaml", ".hydra/overrides.yaml", layout.EVAL, layout.EV
 
 def keep_finished(plan: Plan, out: Path, keep: Path) -> list[int]:
     """Copy the runs ``keep`` lacks of every seed of ``plan`` whose runs have all finished in ``out`` into ``keep``
-    (and the seed's warm start, where ``keep`` has none); returns the seeds copied."""
+    (and the seed's warm start, where ``keep`` has none); returns the seeds copied. A seed whose runs copied back
+    from ``keep`` would be kept beside runs from another warm start is refused
+    (:func:`check_kept_runs_share_the_warm_start`)."""
     kept = []
     for seed in plan.seeds:
         missing = [arm for arm in plan.compared if not (keep / arm / f"s{seed}").exists()]
         if not missing or not all(finished(plan, out, arm, seed) for arm in plan.compared):
             continue
+        check_kept_runs_share_the_warm_start(plan, out, keep, seed)
         for arm in missing:
             _copy_run(run_dir(out, arm, seed), keep / arm / f"s{seed}", history=arm != plan.control)
         stage = run_dir(out, STAGE_DIR, seed)  # DIR/warm_start/s<seed>: the seed's warm start
