@@ -2,13 +2,14 @@
 the part new at each turn, for each prompt layout (lightning_epo/envs/sciworld_prompt.py) and history length.
 
     python benchmarks/sciworld_prompt_tokens.py [--tasks short|all|NAME ...] [--variations 1] [--sampled 1]
-        [--history 0 1 2]
+        [--history 0 1 2 actions]
 
 Episodes: each task's gold path (``SciWorldSuite``, easy simplification, gold paths on) on its first ``--variations``
 train variations, and ``--sampled`` paths of ``--sampled-steps`` random actions (a random template of the task filled
 with objects present) on the next ones. Every turn's prompt is built with ``PromptBuilder`` as the collector builds it (the history
 the collector keeps, ``think`` off as for SmolLM2) and tokenized with the model's chat template
-(``--model``, default SmolLM2-135M-Instruct: ``make smollm2``). For one layout and history length:
+(``--model``, default SmolLM2-135M-Instruct: ``make smollm2``); ``--history actions`` is history 0 with
+``env.prompt.actions_only`` (every earlier action, no observation). For one layout and history length:
 
 - ``shared``: the longest token prefix common to every prompt of every episode (the chat template, the intro, ...);
 - ``fixed``: the longest token prefix common to the prompts of one episode, less ``shared`` (its mean over
@@ -133,7 +134,7 @@ def main() -> None:
     parser.add_argument("--sampled", type=int, default=1, help="sampled paths per task (second train variation)")
     parser.add_argument("--sampled-steps", type=int, default=12)
     parser.add_argument("--max-steps", type=int, default=200, help="gold paths are cut here")
-    parser.add_argument("--history", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--history", nargs="+", default=["0", "1", "2"], help="history lengths, or actions")
     parser.add_argument("--model", default=str(REPO / "data" / "smollm2-135m-instruct"))
     parser.add_argument("--max-prompt-tokens", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
@@ -183,8 +184,9 @@ def main() -> None:
     for paths in ("gold", "sampled"):
         for history in args.history:
             for layout, (fixed_first, action_list) in LAYOUTS.items():
-                builder = PromptBuilder("sciworld", history_length=history, think=False, fixed_first=fixed_first,
-                                        action_list=action_list)
+                actions_only = history == "actions"
+                builder = PromptBuilder("sciworld", history_length=0 if actions_only else int(history), think=False,
+                                        fixed_first=fixed_first, action_list=action_list, actions_only=actions_only)
                 per_episode = [prompt_ids(builder, tokenizer, turns) for turns in episodes[paths] if turns]
                 if not per_episode:
                     continue

@@ -14,11 +14,18 @@ Two layouts of the same sentences (``env.prompt``, conf/env/sciworld.yaml):
 ``action_list`` is the 25-action list's form: ``full`` (the reference's JSON list with descriptions), ``compact``
 (the action names with their descriptions on one line each, without the JSON) or ``none`` (no list: the task's
 templates line names the actions that exist).
+
+``actions_only`` (with ``env.history_length=0``, a departure): the history is every earlier action without its
+observation, listed in a sentence of its own (:data:`ACTIONS_TAKEN`, "go to kitchen; pick up cat"); the reference lists
+earlier actions only beside the last ``history_length`` observations, one ``[Step n, Action n: '...']`` entry each,
+and shows no history at 0.
 """
 
 from __future__ import annotations
 
 import json
+
+from lightning_epo.core.errors import ConfigError
 
 INTRO = (
     "You are an expert agent operating in the ScienceWorld environment, which is a text-based "
@@ -27,6 +34,9 @@ INTRO = (
 TASK = "Your current task is: {task}"
 HISTORY_ENTRY = "[Step {n}, Observation {n}: '{observation}', Action {n}: '{action}']"
 EARLIER_ENTRY = "[Step {n}, Action {n}: '{action}']"
+# actions_only: the actions in their own words (4.3 SmolLM2 tokens an action against 15 in EARLIER_ENTRY), then the
+# first-step template's sentence
+ACTIONS_TAKEN = "Your last {count} action(s): {actions}\nYour current observation is: {observation}"
 ACTION_DESCRIPTIONS = (
     ("open OBJ", "open a container"),
     ("close OBJ", "close a container"),
@@ -89,13 +99,26 @@ def history_entries(history: list[tuple[str, str]], shown: int, step: int) -> st
     )
 
 
-def check_layout(fixed_first: bool, action_list: str) -> None:
-    """``action_list`` is one of :data:`ACTION_LISTS`; the reference's order has its own list only."""
+def actions_taken(history: list[tuple[str, str]], observation: str) -> str:
+    """With ``actions_only``: the turn's situation, the actions of ``history`` (the steps before this turn, oldest
+    first: every one, unless the collector dropped the oldest to fit the prompt) without their observations, then the
+    current ``observation``."""
+    actions = "; ".join(action for _, action in history)
+    return ACTIONS_TAKEN.format(count=len(history), actions=actions, observation=observation)
+
+
+def check_layout(fixed_first: bool, action_list: str, actions_only: bool, history_length: int) -> None:
+    """``action_list`` is one of :data:`ACTION_LISTS`; the reference's order has its own list only; ``actions_only``
+    is the history at ``history_length`` 0 (above it the reference's history already lists the earlier actions)."""
     if action_list not in ACTION_LISTS:
-        raise ValueError(f"unknown ScienceWorld action_list {action_list!r}; valid: {', '.join(ACTION_LISTS)}")
+        raise ConfigError(f"unknown ScienceWorld action_list {action_list!r}; valid: {', '.join(ACTION_LISTS)}")
     if not fixed_first and action_list != "full":
-        raise ValueError("env.prompt.action_list other than full needs env.prompt.fixed_first=true (the reference's "
-                         "order keeps the reference's list)")
+        raise ConfigError("env.prompt.action_list other than full needs env.prompt.fixed_first=true (the reference's "
+                          "order keeps the reference's list)")
+    if actions_only and history_length > 0:
+        raise ConfigError(f"env.prompt.actions_only=true shows the earlier actions without their observations, but "
+                          f"env.history_length={history_length} shows the last {history_length} with theirs: set "
+                          "env.history_length=0, or drop env.prompt.actions_only")
 
 
 def fixed_text(task: str, templates: list[str] | None, action_list: str = "full") -> str:

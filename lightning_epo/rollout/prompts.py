@@ -31,7 +31,9 @@ Departures from the reference prompts:
   action list, then the task and its templates, then the history, the observation and the objects present), so
   that every turn of an episode begins with the same tokens (the engine's prefix cache, the update's shared-prefix
   pass); ``fixed_first: false`` is the reference's order. ``env.prompt.action_list`` (``full``, the reference's;
-  ``compact``; ``none``) is the 25-action list's form (lightning_epo/envs/sciworld_prompt.py).
+  ``compact``; ``none``) is the 25-action list's form (lightning_epo/envs/sciworld_prompt.py);
+- ScienceWorld's ``env.prompt.actions_only`` (with ``history_length`` 0): the history is every earlier action without
+  its observation, in a sentence of its own (the reference shows no history at 0).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import re
 from typing import Any
 
 from lightning_epo import envs
+from lightning_epo.core.errors import ConfigError
 from lightning_epo.envs import sciworld_prompt
 
 _TASK = "Your task is to: {task}"
@@ -134,30 +137,33 @@ class PromptBuilder:
     """Builds the agent's chat prompt for one turn of one environment family.
 
     ``history_length`` is how many past (observation, action) pairs the prompt shows (the paper: 2);
-    with 0 every turn uses the first-step template. ``fixed_first`` and ``action_list``: ScienceWorld's layout
-    (lightning_epo/envs/sciworld_prompt.py; the other environments have the reference's only).
+    with 0 every turn uses the first-step template. ``fixed_first``, ``action_list`` and ``actions_only``:
+    ScienceWorld's layout (lightning_epo/envs/sciworld_prompt.py; the other environments have the reference's only).
     """
 
     def __init__(self, env_name: str, history_length: int = 2, think: bool = True, fixed_first: bool = False,
-                 action_list: str = "full") -> None:
+                 action_list: str = "full", actions_only: bool = False) -> None:
         self.intro = env_intro(env_name)
         if history_length < 0:
             raise ValueError(f"history_length must be >= 0, got {history_length}")
         if env_name == "sciworld":
-            sciworld_prompt.check_layout(fixed_first, action_list)
-        elif fixed_first or action_list != "full":
-            raise ValueError(f"fixed_first and action_list are ScienceWorld's prompt settings, not {env_name}'s")
+            sciworld_prompt.check_layout(fixed_first, action_list, actions_only, history_length)
+        elif fixed_first or action_list != "full" or actions_only:
+            raise ConfigError(f"env.prompt's fixed_first, action_list and actions_only are ScienceWorld's prompt "
+                              f"settings, not {env_name}'s: drop them")
         self.env_name = env_name
         self.history_length = history_length
         self.think = think
         self.fixed_first = fixed_first
         self.action_list = action_list
+        self.actions_only = actions_only
 
     @property
     def history_needed(self) -> int | None:
         """How many past (observation, action) pairs :meth:`text` uses: ``history_length``, or every one
-        (None) for ScienceWorld, whose prompt also lists all earlier actions."""
-        return None if self.env_name == "sciworld" and self.history_length > 0 else self.history_length
+        (None) for ScienceWorld, whose prompt also lists all earlier actions (with ``actions_only``, only them)."""
+        lists_actions = self.env_name == "sciworld" and (self.history_length > 0 or self.actions_only)
+        return None if lists_actions else self.history_length
 
     def text(
         self,
@@ -184,10 +190,13 @@ class PromptBuilder:
                 current_step=step + 1,
                 observation=observation,
             )
+        elif self.actions_only and history:
+            situation = sciworld_prompt.actions_taken(history, observation)
         else:
             situation = _FIRST_STEP.format(observation=observation)
         if self.env_name == "sciworld":
-            return sciworld_prompt.turn_text(task, situation, admissible_actions, bool(recent), self.think,
+            with_history = bool(recent) or (self.actions_only and bool(history))
+            return sciworld_prompt.turn_text(task, situation, admissible_actions, with_history, self.think,
                                              self.fixed_first, self.action_list)
         parts = [self.intro, _TASK.format(task=task), situation]
         if admissible_actions is not None:

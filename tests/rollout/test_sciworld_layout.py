@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from lightning_epo.core.errors import ConfigError
 from lightning_epo.envs import sciworld_prompt
 from lightning_epo.rollout.engine import SamplingParams
 from lightning_epo.rollout.expert_engine import ExpertEngine
@@ -60,11 +61,38 @@ def test_a_layout_other_than_the_references_is_refused_where_it_cannot_apply():
         PromptBuilder("gridworld", fixed_first=True)
 
 
+def test_actions_only_lists_every_earlier_action_without_its_observation():
+    builder = PromptBuilder("sciworld", history_length=0, think=False, fixed_first=True, action_list="none",
+                            actions_only=True)
+    history = [("You are in the hallway.", "go to kitchen"), ("A cat is here.", "focus on cat"),
+               ("Taken.", "pick up cat")]
+    text = builder.text("find a(n) animal", "You are in the kitchen.", ACTIONS, history, 5)
+    situation = ("Your last 3 action(s): go to kitchen; focus on cat; pick up cat\n"
+                 "Your current observation is: You are in the kitchen.")
+    assert situation in text
+    assert not any(observation in text for observation, _ in history)
+    assert builder.history_needed is None  # the collector keeps every pair, as for the reference's history
+    plain = PromptBuilder("sciworld", history_length=0, think=False, fixed_first=True, action_list="none")
+    assert plain.history_needed == 0 and "go to kitchen" not in plain.text("find a(n) animal", "x", ACTIONS, history, 5)
+    first_turn = builder.text("find a(n) animal", "You are in the hallway.", ACTIONS, [], 0)
+    assert first_turn == plain.text("find a(n) animal", "You are in the hallway.", ACTIONS, [], 0)
+
+
+def test_actions_only_is_refused_where_the_history_shows_observations_or_the_env_is_not_sciworld():
+    with pytest.raises(ConfigError, match="history_length=2 shows the last 2 with theirs: set env.history_length=0"):
+        PromptBuilder("sciworld", history_length=2, fixed_first=True, actions_only=True)
+    with pytest.raises(ConfigError, match="ScienceWorld's prompt settings, not alfworld's"):
+        PromptBuilder("alfworld", history_length=0, actions_only=True)
+
+
 def test_the_env_config_sets_the_layout_the_collector_builds(compose_cfg):
     cfg = compose_cfg("env=sciworld")
     assert (cfg.data.collector.prompt.fixed_first, cfg.data.collector.prompt.action_list) == (True, "full")
     cfg = compose_cfg("env=sciworld", "env.prompt.action_list=compact", "env.prompt.fixed_first=true")
     assert cfg.data.collector.prompt.action_list == "compact"
+    assert cfg.data.collector.prompt.actions_only is False
+    cfg = compose_cfg("env=sciworld", "env.history_length=0", "env.prompt.actions_only=true")
+    assert cfg.data.collector.prompt.actions_only is True
     assert compose_cfg().data.collector.prompt.fixed_first is False  # gridworld: the reference's
 
 
@@ -84,12 +112,13 @@ def _tokenizers(tokenizer):
 
 
 @pytest.mark.parametrize("action_list", ["full", "compact", "none"])
-@pytest.mark.parametrize("history_length", [0, 2])
-def test_every_turn_of_an_episode_begins_with_the_tokens_of_its_fixed_text(tokenizer, action_list, history_length):
+@pytest.mark.parametrize(("history_length", "actions_only"), [(0, False), (2, False), (0, True)])
+def test_every_turn_of_an_episode_begins_with_the_tokens_of_its_fixed_text(tokenizer, action_list, history_length,
+                                                                           actions_only):
     """The fixed text's tokens are a prefix of every turn's prompt (no token merges across its end), and its part up
     to the task one of every prompt: what a prefix cache and the update's shared-prefix pass reuse."""
     builder = PromptBuilder("sciworld", history_length=history_length, think=False, fixed_first=True,
-                            action_list=action_list)
+                            action_list=action_list, actions_only=actions_only)
     turns = [("This room is the kitchen.", ""), ("The door is now open.", "open door"), ("You move.", "go to hall")]
     for tok in _tokenizers(tokenizer):
         for task in ("boil water", "find a(n) animal"):
@@ -115,14 +144,17 @@ class Recording(ExpertEngine):
 
 @pytest.mark.sciworld
 @pytest.mark.skipif(not HAS_SIMULATOR, reason="needs ScienceWorld and Java")
-def test_a_sciworld_episode_trains_on_the_prompt_tokens_the_builder_made(tokenizer):
+@pytest.mark.parametrize(("history_length", "actions_only"), [(2, False), (0, True)])
+def test_a_sciworld_episode_trains_on_the_prompt_tokens_the_builder_made(tokenizer, history_length, actions_only):
     """The real simulator's gold path with the fixed-text-first layout: each row's prompt ids are the ids the engine
-    was given, which are the builder's tokens of the text of that turn's observation, templates and objects."""
+    was given, which are the builder's tokens of the text of that turn's observation, templates and objects, and of
+    the episode's every earlier step (the collector keeps the history the prompt lists)."""
     from lightning_epo.envs.sciworld import SciWorldSuite
     from lightning_epo.envs.sync_pool import SyncEnvPool
     from lightning_epo.rollout.collector import EpisodeCollector
 
-    builder = PromptBuilder("sciworld", history_length=2, think=False, fixed_first=True, action_list="compact")
+    builder = PromptBuilder("sciworld", history_length=history_length, think=False, fixed_first=True,
+                            action_list="compact", actions_only=actions_only)
     suite = SciWorldSuite(gold_path=True, task_subset=["find-non-living-thing"])
     pool = SyncEnvPool(suite, 1)
     engine = Recording(tokenizer)
