@@ -157,11 +157,17 @@ LATE = [  # each of these used to fail in a traceback after the model was built,
     pytest.param(["algo=grpo", "algo.group_size=1"], "algo.group_size=1 with algo.advantage=grpo", id="groups-of-one"),
     pytest.param(["model.tiny.seed=5"], "the tiny model at ", id="tiny-seed"),
 ]
-# On the command line: one case as it is, and the two read from the environment when the libraries are imported,
-# which only a fresh process shows.
+# On the command line: one case as it is, the two read from the environment when the libraries are imported, which
+# only a fresh process shows, and the prompt builder's refusals of ScienceWorld's layouts, which Hydra wraps while it
+# instantiates the builder (train.py unwraps them).
 LATE_ON_THE_COMMAND_LINE = [
     pytest.param(["model.attn_implementation=flash_attention_2"], {},
                  "model.attn_implementation=flash_attention_2 needs ", id="flash-attn"),
+    pytest.param(["env=sciworld", "env.prompt.actions_only=true"], {},
+                 "env.prompt.actions_only=true shows the earlier actions without their observations, but "
+                 "env.history_length=2", id="sciworld-actions-only"),
+    pytest.param(["env=sciworld", "env.prompt.fixed_first=false", "env.prompt.action_list=none"], {},
+                 "env.prompt.action_list other than full needs env.prompt.fixed_first=true", id="sciworld-layout"),
     pytest.param(["logger=wandb", "logger.offline=false"], NO_LOGIN,
                  "logger=wandb with logger.offline=false needs a W&B login", id="wandb-login"),
     pytest.param(["model=qwen2.5-3b"], NO_HUB,
