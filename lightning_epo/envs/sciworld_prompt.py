@@ -34,9 +34,8 @@ INTRO = (
 TASK = "Your current task is: {task}"
 HISTORY_ENTRY = "[Step {n}, Observation {n}: '{observation}', Action {n}: '{action}']"
 EARLIER_ENTRY = "[Step {n}, Action {n}: '{action}']"
-# actions_only: the actions in their own words (4.3 SmolLM2 tokens an action against 15 in EARLIER_ENTRY), then the
-# first-step template's sentence
-ACTIONS_TAKEN = "Your last {count} action(s): {actions}\nYour current observation is: {observation}"
+# actions_only: the actions in their own words (4.3 SmolLM2 tokens an action against 15 in EARLIER_ENTRY)
+ACTIONS_TAKEN = "Your last {count} action(s): {actions}"
 ACTION_DESCRIPTIONS = (
     ("open OBJ", "open a container"),
     ("close OBJ", "close a container"),
@@ -99,12 +98,10 @@ def history_entries(history: list[tuple[str, str]], shown: int, step: int) -> st
     )
 
 
-def actions_taken(history: list[tuple[str, str]], observation: str) -> str:
-    """With ``actions_only``: the turn's situation, the actions of ``history`` (the steps before this turn, oldest
-    first: every one, unless the collector dropped the oldest to fit the prompt) without their observations, then the
-    current ``observation``."""
-    actions = "; ".join(action for _, action in history)
-    return ACTIONS_TAKEN.format(count=len(history), actions=actions, observation=observation)
+def actions_taken(history: list[tuple[str, str]]) -> str:
+    """With ``actions_only``: the actions of ``history`` (the steps before this turn, oldest first: every one, unless
+    the collector dropped the oldest to fit the prompt) without their observations."""
+    return ACTIONS_TAKEN.format(count=len(history), actions="; ".join(action for _, action in history))
 
 
 def check_layout(fixed_first: bool, action_list: str, actions_only: bool, history_length: int) -> None:

@@ -190,14 +190,14 @@ class PromptBuilder:
                 current_step=step + 1,
                 observation=observation,
             )
-        elif self.actions_only and history:
-            situation = sciworld_prompt.actions_taken(history, observation)
         else:
             situation = _FIRST_STEP.format(observation=observation)
+        actions_only = self.actions_only and bool(history)
+        if actions_only:  # the first-step sentence after the earlier actions
+            situation = sciworld_prompt.actions_taken(history) + "\n" + situation
         if self.env_name == "sciworld":
-            with_history = bool(recent) or (self.actions_only and bool(history))
-            return sciworld_prompt.turn_text(task, situation, admissible_actions, with_history, self.think,
-                                             self.fixed_first, self.action_list)
+            return sciworld_prompt.turn_text(task, situation, admissible_actions, bool(recent) or actions_only,
+                                             self.think, self.fixed_first, self.action_list)
         parts = [self.intro, _TASK.format(task=task), situation]
         if admissible_actions is not None:
             parts.append(_ADMISSIBLE.format(admissible_actions="\n ".join(f"'{a}'" for a in admissible_actions)))
