@@ -2,19 +2,23 @@
 the part new at each turn, for each prompt layout (lightning_epo/envs/sciworld_prompt.py) and history length.
 
     python benchmarks/sciworld_prompt_tokens.py [--tasks short|all|NAME ...] [--variations 1] [--sampled 1]
-        [--history 0 1 2 actions]
+        [--history 0 1 2 actions transcript]
 
 Episodes: each task's gold path (``SciWorldSuite``, easy simplification, gold paths on) on its first ``--variations``
 train variations, and ``--sampled`` paths of ``--sampled-steps`` random actions (a random template of the task filled
 with objects present) on the next ones. Every turn's prompt is built with ``PromptBuilder`` as the collector builds it (the history
 the collector keeps, ``think`` off as for SmolLM2) and tokenized with the model's chat template
 (``--model``, default SmolLM2-135M-Instruct: ``make smollm2``); ``--history actions`` is history 0 with
-``env.prompt.actions_only`` (every earlier action, no observation). For one layout and history length:
+``env.prompt.actions_only`` (every earlier action, no observation), ``--history transcript`` history 0 with
+``env.prompt.transcript`` (each turn's prompt the previous turn's prompt and answer, then the new message). For one
+layout and history length:
 
 - ``shared``: the longest token prefix common to every prompt of every episode (the chat template, the intro, ...);
 - ``fixed``: the longest token prefix common to the prompts of one episode, less ``shared`` (its mean over
   episodes): computed once per episode by a prefix cache;
-- ``fresh``: the rest of a turn's prompt (mean and max over turns): what each turn computes anew.
+- ``fresh``: the rest of a turn's prompt (mean and max over turns): what each turn computes anew (with ``transcript``
+  all that follows the first turn's prompt: a prefix cache holding the previous turn computes only its answer and
+  the new message).
 
 ``total`` is the prompt's length before the collector's cut to ``model.max_prompt_tokens`` (2048 for SmolLM2), with
 the number of turns above that limit. The table also gives the gold path's length per task, and what a trained row
@@ -84,11 +88,17 @@ def play(env: SciWorldEnv, task: Task, gold: bool, steps: int, rng: random.Rando
     return turns
 
 
-def prompt_ids(builder: PromptBuilder, tokenizer, turns: list[tuple[str, dict, str]]) -> list[list[int]]:
-    """Each turn's prompt ids, with the history the collector keeps (rollout/collector.py ``_apply``)."""
+def prompt_ids(builder: PromptBuilder, tokenizer, turns: list[tuple[str, dict, str]], answers: list[list[int]]
+               ) -> list[list[int]]:
+    """Each turn's prompt ids, with the history the collector keeps (rollout/collector.py ``_apply``), or with a
+    transcript the previous turn's prompt and answer (``answers``: each turn's ids) continued (not cut to a limit)."""
     history: list[tuple[str, str]] = []
     prompts = []
     for step, (observation, info, action) in enumerate(turns):
+        if builder.transcript and prompts:
+            prompts.append(builder.continued_ids(tokenizer, prompts[-1], answers[step - 1], observation,
+                                                 info["admissible_actions"]))
+            continue
         text = builder.text(info["task"], observation, info["admissible_actions"], history, step)
         prompts.append(builder.token_ids(tokenizer, text))
         history.append((observation, action))
@@ -134,7 +144,8 @@ def main() -> None:
     parser.add_argument("--sampled", type=int, default=1, help="sampled paths per task (second train variation)")
     parser.add_argument("--sampled-steps", type=int, default=12)
     parser.add_argument("--max-steps", type=int, default=200, help="gold paths are cut here")
-    parser.add_argument("--history", nargs="+", default=["0", "1", "2"], help="history lengths, or actions")
+    parser.add_argument("--history", nargs="+", default=["0", "1", "2"],
+                        help="history lengths, actions or transcript")
     parser.add_argument("--model", default=str(REPO / "data" / "smollm2-135m-instruct"))
     parser.add_argument("--max-prompt-tokens", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
@@ -184,10 +195,12 @@ def main() -> None:
     for paths in ("gold", "sampled"):
         for history in args.history:
             for layout, (fixed_first, action_list) in LAYOUTS.items():
-                actions_only = history == "actions"
-                builder = PromptBuilder("sciworld", history_length=0 if actions_only else int(history), think=False,
-                                        fixed_first=fixed_first, action_list=action_list, actions_only=actions_only)
-                per_episode = [prompt_ids(builder, tokenizer, turns) for turns in episodes[paths] if turns]
+                actions_only, transcript = history == "actions", history == "transcript"
+                builder = PromptBuilder("sciworld", history_length=0 if actions_only or transcript else int(history),
+                                        think=False, fixed_first=fixed_first, action_list=action_list,
+                                        actions_only=actions_only, transcript=transcript)
+                per_episode = [prompt_ids(builder, tokenizer, turns, said)
+                               for turns, said in zip((t for t in episodes[paths] if t), answer_ids[paths])]
                 if not per_episode:
                     continue
                 every = [p for prompts in per_episode for p in prompts]

@@ -19,6 +19,9 @@ templates line names the actions that exist).
 observation, listed in a sentence of its own (:data:`ACTIONS_TAKEN`, "go to kitchen; pick up cat"); the reference lists
 earlier actions only beside the last ``history_length`` observations, one ``[Step n, Action n: '...']`` entry each,
 and shows no history at 0.
+
+``transcript`` (``env.prompt.transcript``, lightning_epo/rollout/prompts.py): after the first turn's text, each turn
+adds :func:`next_text` (the observation, the objects present, the instruction) to the chat.
 """
 
 from __future__ import annotations
@@ -134,8 +137,7 @@ def turn_text(task: str, situation: str, admissible_actions: list[str] | None, w
               fixed_first: bool = False, action_list: str = "full") -> str:
     """The user message around ``situation`` (the observation, with or without history); ``admissible_actions`` are
     the task's action templates followed by the environment's objects line (lightning_epo/envs/sciworld.py)."""
-    turn = "Now it's your turn to take an action." + (" " if with_history and think else "\n")
-    instruction = turn + (REASON if think else ACTION_ONLY)
+    instruction = _instruction(with_history, think)
     if fixed_first:
         templates, objects = (None, None) if admissible_actions is None else (admissible_actions[:-1],
                                                                               admissible_actions[-1])
@@ -146,3 +148,17 @@ def turn_text(task: str, situation: str, admissible_actions: list[str] | None, w
         *templates, objects = admissible_actions
         parts.append(AVAILABLE.format(templates=templates, objects=objects))
     return "\n\n".join([*parts, instruction])
+
+
+def next_text(situation: str, admissible_actions: list[str] | None, think: bool) -> str:
+    """With ``transcript``: the user message of a turn after the first, around ``situation`` (the observation): the
+    objects present (the last entry of ``admissible_actions``; the task's templates stay in the first turn's text),
+    then the instruction."""
+    fresh = situation + ("\n" + admissible_actions[-1] if admissible_actions else "")
+    return fresh + "\n\n" + _instruction(False, think)
+
+
+def _instruction(with_history: bool, think: bool) -> str:
+    """The reference's closing instruction (its history template runs the two sentences together when it reasons)."""
+    return "Now it's your turn to take an action." + (" " if with_history and think else "\n") + (
+        REASON if think else ACTION_ONLY)

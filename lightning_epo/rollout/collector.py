@@ -23,6 +23,10 @@ uses (``PromptBuilder.history_needed``); a turn without a parsed action enters i
 ``''``, so the agent sees that its step did nothing.
 Prompts longer than ``max_prompt_tokens`` are shortened: first the oldest history entries go, then
 the observation is cut from the left (marked with ``...``).
+
+With ``env.prompt.transcript`` (``PromptBuilder.transcript``) a turn's prompt is the previous turn's prompt and
+answer, token for token, then the new user message (``PromptBuilder.continued_ids``); a transcript that would
+pass ``max_prompt_tokens`` starts over from the turn's first-step prompt, and the next turns continue that one.
 """
 
 from __future__ import annotations
@@ -261,6 +265,11 @@ class EpisodeCollector:
         task = run.episode.task
         actions = run.info.get("admissible_actions")
         step = run.episode.num_turns
+        if self.prompt.transcript and step:
+            last = run.episode.turns[-1]
+            ids = self.prompt.continued_ids(self.tokenizer, last.prompt_ids, last.response_ids, run.observation, actions)
+            if len(ids) <= self.max_prompt_tokens:
+                return ids
         history = run.history
         while True:
             ids = self.prompt.token_ids(self.tokenizer, self.prompt.text(task, run.observation, actions, history, step))

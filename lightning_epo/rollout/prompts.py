@@ -33,7 +33,14 @@ Departures from the reference prompts:
   pass); ``fixed_first: false`` is the reference's order. ``env.prompt.action_list`` (``full``, the reference's;
   ``compact``; ``none``) is the 25-action list's form (lightning_epo/envs/sciworld_prompt.py);
 - ScienceWorld's ``env.prompt.actions_only`` (with ``history_length`` 0): the history is every earlier action without
-  its observation, in a sentence of its own (the reference shows no history at 0).
+  its observation, in a sentence of its own (the reference shows no history at 0);
+- ``env.prompt.transcript`` (with ``history_length`` 0; any environment): an episode is one chat. The first turn is
+  the first-step prompt; every later turn's prompt is the previous turn's prompt and answer, token for token, then a
+  user message with the new observation (and the objects present or the admissible actions) and the instruction
+  (:meth:`PromptBuilder.next_text`). Each turn's row then begins the next one's (``model.fold_turns`` computes an
+  episode once, the engine's prefix cache serves the earlier turns), and the agent sees every earlier observation
+  and answer; the reference rebuilds one user message a turn with the last ``history_length`` pairs. A transcript
+  that would pass ``model.max_prompt_tokens`` starts over from the turn's first-step prompt (the collector).
 """
 
 from __future__ import annotations
@@ -139,13 +146,20 @@ class PromptBuilder:
     ``history_length`` is how many past (observation, action) pairs the prompt shows (the paper: 2);
     with 0 every turn uses the first-step template. ``fixed_first``, ``action_list`` and ``actions_only``:
     ScienceWorld's layout (lightning_epo/envs/sciworld_prompt.py; the other environments have the reference's only).
+    ``transcript``: an episode is one chat, each later turn a user message (:meth:`next_text`) after the previous
+    turn's prompt and answer (:meth:`continued_ids`).
     """
 
     def __init__(self, env_name: str, history_length: int = 2, think: bool = True, fixed_first: bool = False,
-                 action_list: str = "full", actions_only: bool = False) -> None:
+                 action_list: str = "full", actions_only: bool = False, transcript: bool = False) -> None:
         self.intro = env_intro(env_name)
         if history_length < 0:
             raise ValueError(f"history_length must be >= 0, got {history_length}")
+        if transcript and (history_length > 0 or actions_only):
+            shown = "env.prompt.actions_only=true" if actions_only else f"env.history_length={history_length}"
+            raise ConfigError(f"env.prompt.transcript=true keeps every earlier turn in the chat, which {shown} would "
+                              f"show again: set env.history_length=0 without env.prompt.actions_only, or drop "
+                              f"env.prompt.transcript")
         if env_name == "sciworld":
             sciworld_prompt.check_layout(fixed_first, action_list, actions_only, history_length)
         elif fixed_first or action_list != "full" or actions_only:
@@ -157,11 +171,13 @@ class PromptBuilder:
         self.fixed_first = fixed_first
         self.action_list = action_list
         self.actions_only = actions_only
+        self.transcript = transcript
 
     @property
     def history_needed(self) -> int | None:
         """How many past (observation, action) pairs :meth:`text` uses: ``history_length``, or every one
-        (None) for ScienceWorld, whose prompt also lists all earlier actions (with ``actions_only``, only them)."""
+        (None) for ScienceWorld, whose prompt also lists all earlier actions (with ``actions_only``, only them).
+        A transcript shows its earlier turns as they were played, not through :meth:`text`: 0."""
         lists_actions = self.env_name == "sciworld" and (self.history_length > 0 or self.actions_only)
         return None if lists_actions else self.history_length
 
@@ -200,8 +216,24 @@ class PromptBuilder:
                                              self.think, self.fixed_first, self.action_list)
         parts = [self.intro, _TASK.format(task=task), situation]
         if admissible_actions is not None:
-            parts.append(_ADMISSIBLE.format(admissible_actions="\n ".join(f"'{a}'" for a in admissible_actions)))
-        return "\n".join(parts) + "\n\n" + (_INSTRUCTION_THINK if self.think else _INSTRUCTION_ACTION_ONLY)
+            parts.append(_admissible(admissible_actions))
+        return "\n".join(parts) + "\n\n" + self._instruction
+
+    def next_text(self, observation: str, admissible_actions: list[str] | None) -> str:
+        """With ``transcript``: the user message of a turn after the first, what the turn adds to the chat: the
+        observation, then the objects present (ScienceWorld: the task's templates stay in the first turn) or the
+        admissible actions, then the instruction."""
+        situation = _FIRST_STEP.format(observation=observation)
+        if self.env_name == "sciworld":
+            return sciworld_prompt.next_text(situation, admissible_actions, self.think)
+        parts = [situation]
+        if admissible_actions is not None:
+            parts.append(_admissible(admissible_actions))
+        return "\n".join(parts) + "\n\n" + self._instruction
+
+    @property
+    def _instruction(self) -> str:
+        return _INSTRUCTION_THINK if self.think else _INSTRUCTION_ACTION_ONLY
 
     def _history_entries(self, history: list[tuple[str, str]], recent: list[tuple[str, str]], step: int) -> str:
         """The history shown, numbered by step: the ``recent`` pairs, after ScienceWorld's earlier actions."""
@@ -226,9 +258,29 @@ class PromptBuilder:
         """
         return chat_token_ids(tokenizer, self.messages(text))
 
+    def continued_ids(self, tokenizer: Any, prompt_ids: list[int], response_ids: list[int], observation: str,
+                      admissible_actions: list[str] | None) -> list[int]:
+        """With ``transcript``: the prompt ids of the turn after the one played on ``prompt_ids`` with the answer
+        ``response_ids``: those, the chat template's end of the assistant turn (left out where the answer already
+        ends with it: its last token the tokenizer's eos token, with which ChatML templates end a turn), the user
+        message (:meth:`next_text`) and the assistant generation prefix. Control tokens inside the message are
+        encoded as plain text (:func:`chat_token_ids`)."""
+        messages = [{"role": "user", "content": ""}, {"role": "assistant", "content": _ANSWER},
+                    {"role": "user", "content": self.next_text(observation, admissible_actions)}]
+        chat = _render_chat(tokenizer, messages)
+        tail = chat[chat.index(_ANSWER) + len(_ANSWER):]
+        if response_ids[-1:] == [tokenizer.eos_token_id] and tail.startswith(tokenizer.eos_token):
+            tail = tail[len(tokenizer.eos_token):]
+        return prompt_ids + response_ids + _encode_chat(tokenizer, tail)
 
-# Private-use code points around a control token found in message text while the chat is rendered.
-_MARK_OPEN, _MARK_CLOSE = "\ue000", "\ue001"
+
+def _admissible(actions: list[str]) -> str:
+    return _ADMISSIBLE.format(admissible_actions="\n ".join(f"'{a}'" for a in actions))
+
+
+# Private-use code points around a control token found in message text while the chat is rendered, and one that
+# stands for an earlier answer (PromptBuilder.continued_ids).
+_MARK_OPEN, _MARK_CLOSE, _ANSWER = "\ue000", "\ue001", "\ue002"
 _MARKED = re.compile(f"{_MARK_OPEN}(.*?){_MARK_CLOSE}", re.DOTALL)
 
 
@@ -241,6 +293,12 @@ def chat_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     argument.) Each such token is marked before rendering; the rendered chat is then encoded piece by piece:
     template text with its control tokens, marked tokens with added tokens switched off.
     """
+    return _encode_chat(tokenizer, _render_chat(tokenizer, messages))
+
+
+def _render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """``messages`` in the chat template, ending with the generation prefix, each control token inside a message
+    marked (:func:`chat_token_ids`)."""
     control = sorted(tokenizer.added_tokens_encoder, key=len, reverse=True)
     found = re.compile("|".join(map(re.escape, control))) if control else None
 
@@ -248,7 +306,12 @@ def chat_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
         return found.sub(lambda m: f"{_MARK_OPEN}{m.group()}{_MARK_CLOSE}", text) if found else text
 
     marked = [{**m, "content": mark(m["content"])} for m in messages]
-    chat = tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+
+
+def _encode_chat(tokenizer: Any, chat: str) -> list[int]:
+    """The token ids of a rendered ``chat`` (:func:`_render_chat`): template text with its control tokens, marked
+    tokens with added tokens switched off."""
     pieces = _MARKED.split(chat)  # [template text, marked token, template text, ...]
     ids: list[int] = []
     for i, piece in enumerate(pieces):

@@ -71,7 +71,7 @@ RULES: dict[str, Rule] = {
     "env.suite.jvm_heap_mb": integer(256), "env.suite.gold_path": SWITCH, "env.suite.score_reward": NON_NEGATIVE,
     "env.suite.failure_keeps_progress": SWITCH,
     "env.scored": SWITCH, "env.prompt.fixed_first": SWITCH, "env.prompt.action_list": one_of("full", "compact", "none"),
-    "env.prompt.actions_only": SWITCH,
+    "env.prompt.actions_only": SWITCH, "env.prompt.transcript": SWITCH,
     "env.suite.task_subset": names_of(TASK_NAMES, optional=True),
     # the env's sizes of experiment=quickstart (what its total_steps, test_every, ... read)
     "env.quickstart.total_steps": integer(), "env.quickstart.test_every": integer(),

@@ -158,7 +158,7 @@ LATE = [  # each of these used to fail in a traceback after the model was built,
     pytest.param(["model.tiny.seed=5"], "the tiny model at ", id="tiny-seed"),
 ]
 # On the command line: one case as it is, the two read from the environment when the libraries are imported, which
-# only a fresh process shows, and the prompt builder's refusals of ScienceWorld's layouts, which Hydra wraps while it
+# only a fresh process shows, and the prompt builder's refusals of its layouts, which Hydra wraps while it
 # instantiates the builder (train.py unwraps them).
 LATE_ON_THE_COMMAND_LINE = [
     pytest.param(["model.attn_implementation=flash_attention_2"], {},
@@ -166,6 +166,8 @@ LATE_ON_THE_COMMAND_LINE = [
     pytest.param(["env=sciworld", "env.prompt.actions_only=true"], {},
                  "env.prompt.actions_only=true shows the earlier actions without their observations, but "
                  "env.history_length=2", id="sciworld-actions-only"),
+    pytest.param(["env.prompt.transcript=true"], {}, "env.prompt.transcript=true keeps every earlier turn in the chat, "
+                 "which env.history_length=2 would show again", id="transcript-beside-history"),
     pytest.param(["env=sciworld", "env.prompt.fixed_first=false", "env.prompt.action_list=none"], {},
                  "env.prompt.action_list other than full needs env.prompt.fixed_first=true", id="sciworld-layout"),
     pytest.param(["logger=wandb", "logger.offline=false"], NO_LOGIN,
