@@ -267,7 +267,8 @@ class EpisodeCollector:
         step = run.episode.num_turns
         if self.prompt.transcript and step:
             last = run.episode.turns[-1]
-            ids = self.prompt.continued_ids(self.tokenizer, last.prompt_ids, last.response_ids, run.observation, actions)
+            ids = self.prompt.continued_ids(self.tokenizer, last.prompt_ids, last.response_ids, run.observation,
+                                            actions)
             if len(ids) <= self.max_prompt_tokens:
                 return ids
         history = run.history
