@@ -214,10 +214,7 @@ class PromptBuilder:
         if self.env_name == "sciworld":
             return sciworld_prompt.turn_text(task, situation, admissible_actions, bool(recent) or actions_only,
                                              self.think, self.fixed_first, self.action_list)
-        parts = [self.intro, _TASK.format(task=task), situation]
-        if admissible_actions is not None:
-            parts.append(_admissible(admissible_actions))
-        return "\n".join(parts) + "\n\n" + self._instruction
+        return self._closed([self.intro, _TASK.format(task=task), situation], admissible_actions)
 
     def next_text(self, observation: str, admissible_actions: list[str] | None) -> str:
         """With ``transcript``: the user message of a turn after the first, what the turn adds to the chat: the
@@ -226,14 +223,13 @@ class PromptBuilder:
         situation = _FIRST_STEP.format(observation=observation)
         if self.env_name == "sciworld":
             return sciworld_prompt.next_text(situation, admissible_actions, self.think)
-        parts = [situation]
-        if admissible_actions is not None:
-            parts.append(_admissible(admissible_actions))
-        return "\n".join(parts) + "\n\n" + self._instruction
+        return self._closed([situation], admissible_actions)
 
-    @property
-    def _instruction(self) -> str:
-        return _INSTRUCTION_THINK if self.think else _INSTRUCTION_ACTION_ONLY
+    def _closed(self, parts: list[str], admissible_actions: list[str] | None) -> str:
+        """The reference template's message: ``parts``, the admissible-actions sentence, then the instruction."""
+        if admissible_actions is not None:
+            parts.append(_ADMISSIBLE.format(admissible_actions="\n ".join(f"'{a}'" for a in admissible_actions)))
+        return "\n".join(parts) + "\n\n" + (_INSTRUCTION_THINK if self.think else _INSTRUCTION_ACTION_ONLY)
 
     def _history_entries(self, history: list[tuple[str, str]], recent: list[tuple[str, str]], step: int) -> str:
         """The history shown, numbered by step: the ``recent`` pairs, after ScienceWorld's earlier actions."""
@@ -272,10 +268,6 @@ class PromptBuilder:
         if response_ids[-1:] == [tokenizer.eos_token_id] and tail.startswith(tokenizer.eos_token):
             tail = tail[len(tokenizer.eos_token):]
         return prompt_ids + response_ids + _encode_chat(tokenizer, tail)
-
-
-def _admissible(actions: list[str]) -> str:
-    return _ADMISSIBLE.format(admissible_actions="\n ".join(f"'{a}'" for a in actions))
 
 
 # Private-use code points around a control token found in message text while the chat is rendered, and one that
