@@ -4,6 +4,7 @@ them and the module that logs them all (lightning_epo/training/step_metrics.py).
 ROLLOUT_MEANS = (  # per rank over its episodes, averaged over ranks
     "train/reward", "train/success", "train/turns", "train/invalid_action_rate", "train/format_error_rate",
     "train/mixed_groups",
+    "train/prompts_shortened",  # the share of turns whose prompt passed model.max_prompt_tokens and was shortened
     "perf/rollout_s", "perf/gen_s", "perf/env_s", "perf/gen_tokens_per_s", "perf/env_steps_per_s",
     "perf/prefix_cache_share",  # only from an engine with a prefix cache (vLLM)
 )

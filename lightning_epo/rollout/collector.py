@@ -22,7 +22,8 @@ The history shown in prompts holds (observation seen, parsed action) pairs, as m
 uses (``PromptBuilder.history_needed``); a turn without a parsed action enters it with an empty action
 ``''``, so the agent sees that its step did nothing.
 Prompts longer than ``max_prompt_tokens`` are shortened: first the oldest history entries go, then
-the observation is cut from the left (marked with ``...``).
+the observation is cut from the left (marked with ``...``). ``stats["prompts_shortened"]`` counts the turns whose
+prompt was shortened (a transcript's start over included; ``train/prompts_shortened``, a share of the turns).
 
 With ``env.prompt.transcript`` (``PromptBuilder.transcript``) a turn's prompt is the previous turn's prompt and
 answer, token for token, then the new user message (``PromptBuilder.continued_ids``); a transcript that would
@@ -122,7 +123,8 @@ class EpisodeCollector:
         included); ``should_stop`` is asked before every turn, and a True raises :class:`CollectionStopped`."""
         if len(tasks) != len(group_ids):
             raise ValueError(f"collect got {len(tasks)} tasks but {len(group_ids)} group ids; pass one per task")
-        stats = dict(env_s=0.0, gen_s=0.0, gen_tokens=0.0, prompt_tokens=0.0, env_steps=0.0, env_failures=0.0)
+        stats = dict(env_s=0.0, gen_s=0.0, gen_tokens=0.0, prompt_tokens=0.0, env_steps=0.0, env_failures=0.0,
+                     prompts_shortened=0.0)
         episodes: list[Episode | None] = [None] * len(tasks)
         waiting = deque(range(len(tasks)))
         running: list[_Running] = []
@@ -178,7 +180,7 @@ class EpisodeCollector:
 
     def _turn(self, running: list[_Running], sampling: SamplingParams, stats: dict[str, float]) -> None:
         """One generation call for all running episodes, then one pool step for those with an action."""
-        prompts = [self._prompt_ids(r) for r in running]
+        prompts = [self._prompt_ids(r, stats) for r in running]
         began = time.perf_counter()
         generations = self.engine.generate(prompts, sampling, [r.info for r in running])
         stats["gen_s"] += time.perf_counter() - began
@@ -260,26 +262,31 @@ class EpisodeCollector:
             turn.episode_truncated = episode.truncated
         run.ended = True
 
-    def _prompt_ids(self, run: _Running) -> list[int]:
-        """The turn's prompt ids, shortened to ``max_prompt_tokens`` (history first, then the observation)."""
+    def _prompt_ids(self, run: _Running, stats: dict[str, float]) -> list[int]:
+        """The turn's prompt ids, shortened to ``max_prompt_tokens`` (history first, then the observation; a
+        transcript starts over), each shortened prompt counted in ``stats["prompts_shortened"]``."""
         task = run.episode.task
         actions = run.info.get("admissible_actions")
         step = run.episode.num_turns
+        started_over = False
         if self.prompt.transcript and step:
             last = run.episode.turns[-1]
             ids = self.prompt.continued_ids(self.tokenizer, last.prompt_ids, last.response_ids, run.observation,
                                             actions)
             if len(ids) <= self.max_prompt_tokens:
                 return ids
+            started_over = True
         history = run.history
         while True:
             ids = self.prompt.token_ids(self.tokenizer, self.prompt.text(task, run.observation, actions, history, step))
             if len(ids) <= self.max_prompt_tokens or not history:
                 break
             history = history[1:]
-        if len(ids) <= self.max_prompt_tokens:
-            return ids
-        return self._cut_observation(task, run.observation, actions, step, len(ids))
+        cut = len(ids) > self.max_prompt_tokens
+        if cut:
+            ids = self._cut_observation(task, run.observation, actions, step, len(ids))
+        stats["prompts_shortened"] += started_over or cut or len(history) < len(run.history)
+        return ids
 
     def _cut_observation(
         self, task: str, observation: str, actions: list[str] | None, step: int, length: int

@@ -24,6 +24,7 @@ def rollout_stats(rollout: Rollout, wall_s: float) -> dict[str, float]:
         "train/turns": turns / len(eps),
         "train/invalid_action_rate": sum(ep.invalid_actions for ep in eps) / max(turns, 1),
         "train/format_error_rate": sum(ep.format_errors for ep in eps) / max(turns, 1),
+        "train/prompts_shortened": s["prompts_shortened"] / max(turns, 1),
         "train/env_failures": s["env_failures"],
         "perf/rollout_s": wall_s,
         "perf/gen_s": s["gen_s"],

@@ -301,6 +301,20 @@ def test_long_prompts_drop_history_then_cut_the_observation(tokenizer):
         text = tokenizer.decode(turn.prompt_ids)
         assert len(turn.prompt_ids) <= limit and "observation is: ..." in text and "Prior to this step" not in text
     assert "filler start of a" in tokenizer.decode(tight.episodes[0].turns[0].prompt_ids)  # cut from the left
+    assert tight.stats["prompts_shortened"] == len(tight.episodes[0].turns)  # every prompt cut
+
+
+def test_the_rollout_counts_the_prompts_it_shortened(tokenizer):
+    pool = ScriptedPool(1, obs_words=20)
+    obs = [pool._obs("start of a")] + [pool._obs(f"step {n} after bad") for n in (1, 2, 3)]
+    builder = PromptBuilder("gridworld", think=False)
+    limit = len(builder.token_ids(tokenizer, builder.text("task a", obs[3], ["good", "bad"], [(obs[2], "bad")], 3)))
+    engine = ScriptedEngine(tokenizer, {"task a": ["<action>bad</action>"]})
+    whole = _collect(tokenizer, ScriptedPool(1, obs_words=20), engine, [Task("train", "a", 1)], max_turns=4)
+    short = _collect(tokenizer, pool, engine, [Task("train", "a", 1)], max_turns=4, max_prompt_tokens=limit)
+    differ = sum(a.prompt_ids != b.prompt_ids for a, b in zip(whole.episodes[0].turns, short.episodes[0].turns))
+    assert whole.stats["prompts_shortened"] == 0
+    assert short.stats["prompts_shortened"] == differ >= 1
 
 
 def test_prompt_that_cannot_fit_fails_clearly(tokenizer):

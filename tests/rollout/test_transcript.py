@@ -109,14 +109,16 @@ def _gridworld_rollout(tokenizer, max_prompt_tokens: int, tasks: int = 3):
     builder = PromptBuilder("gridworld", history_length=0, think=False, transcript=True)
     try:
         collector = EpisodeCollector(pool, engine, tokenizer, builder, 8, max_prompt_tokens=max_prompt_tokens)
-        episodes = collector.collect(suite.tasks("train")[:tasks], list(range(tasks)), SAMPLING).episodes
+        rollout = collector.collect(suite.tasks("train")[:tasks], list(range(tasks)), SAMPLING)
     finally:
         pool.close()
-    return episodes, builder, engine.infos
+    return rollout, builder, engine.infos
 
 
 def test_each_turn_of_a_collected_episode_continues_the_previous_row_and_the_episode_folds_into_its_last(tokenizer):
-    episodes, _, _ = _gridworld_rollout(tokenizer, max_prompt_tokens=10**5)
+    rollout, _, _ = _gridworld_rollout(tokenizer, max_prompt_tokens=10**5)
+    episodes = rollout.episodes
+    assert rollout.stats["prompts_shortened"] == 0
     assert all(len(e.turns) >= 3 for e in episodes)
     for episode in episodes:
         assert episode.turns[1].response_ids[-1] != tokenizer.eos_token_id  # the cut answer
@@ -130,9 +132,10 @@ def test_each_turn_of_a_collected_episode_continues_the_previous_row_and_the_epi
 
 
 def test_a_transcript_past_max_prompt_tokens_starts_over_from_the_first_step_prompt(tokenizer):
-    (whole,), _, _ = _gridworld_rollout(tokenizer, max_prompt_tokens=10**5, tasks=1)
+    (whole,) = _gridworld_rollout(tokenizer, max_prompt_tokens=10**5, tasks=1)[0].episodes
     limit = len(whole.turns[2].prompt_ids) - 1  # the third turn's transcript is over it
-    (episode,), builder, infos = _gridworld_rollout(tokenizer, max_prompt_tokens=limit, tasks=1)
+    rollout, builder, infos = _gridworld_rollout(tokenizer, max_prompt_tokens=limit, tasks=1)
+    (episode,) = rollout.episodes
     first, second, third, *rest = episode.turns
     assert second.prompt_ids == whole.turns[1].prompt_ids
     assert third.prompt_ids == builder.token_ids(tokenizer, builder.text(
@@ -140,6 +143,8 @@ def test_a_transcript_past_max_prompt_tokens_starts_over_from_the_first_step_pro
     assert rest, "the episode ended before a turn could continue the new start"
     row = third.prompt_ids + third.response_ids
     assert rest[0].prompt_ids[: len(row)] == row
+    starts = sum(t.prompt_ids[: len(b.prompt_ids)] != b.prompt_ids for b, t in zip(episode.turns, episode.turns[1:]))
+    assert rollout.stats["prompts_shortened"] == starts >= 1  # each start over counted
 
 
 @pytest.mark.sciworld
