@@ -11,6 +11,10 @@ adapters on a frozen base model.
   e.g. ``[q_proj, v_proj]``.
 - ``critic``: give the critic's backbone adapters too (its value head still trains in full); false: the critic
   trains in full.
+- ``top_layers``: adapters on the top N decoder layers only (null: every layer). No layer below them has a
+  parameter that trains, so autograd records nothing there and the backward pass stops at the lowest adapted layer:
+  a forward and backward costs about ``(1 + N / layers) / 2`` of one through every layer (the output layer aside).
+  The critic's backbone counts its own layers (``model.critic_layers``).
 
 What one frozen base gives the rest of the trainer:
 
@@ -23,6 +27,7 @@ What one frozen base gives the rest of the trainer:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -51,6 +56,7 @@ def add_lora(model: torch.nn.Module, lora: Mapping[str, Any], task_type: str | N
     config = LoraConfig(
         r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
         target_modules=target if isinstance(target, str) else list(target), task_type=task_type,
+        exclude_modules=_below_top_layers(model, lora.get("top_layers")),
     )
     try:
         peft_model = get_peft_model(model, config)
@@ -66,6 +72,21 @@ def add_lora(model: torch.nn.Module, lora: Mapping[str, Any], task_type: str | N
             with gathered([*layer.lora_A.parameters(), *layer.lora_B.parameters()], modifier_rank=0):
                 layer.reset_lora_parameters(ADAPTER, init_lora_weights=True)
     return peft_model
+
+
+def _below_top_layers(model: torch.nn.Module, top_layers: int | None) -> str | None:
+    """PEFT's ``exclude_modules`` for ``model.lora.top_layers``: a pattern of every module inside the decoder layers
+    below the top ``top_layers`` (None where every layer is adapted)."""
+    layers = model.config.num_hidden_layers
+    if top_layers is None or top_layers == layers:
+        return None
+    if not 1 <= top_layers <= layers:
+        raise UserError(f"model.lora.top_layers={top_layers}: the model has {layers} decoder layers; give a number "
+                        "from 1 to that (or null for all)")
+    stack = next(name for name, module in model.named_modules()
+                 if isinstance(module, torch.nn.ModuleList) and len(module) == layers)  # e.g. model.layers
+    below = "|".join(str(index) for index in range(layers - top_layers))
+    return rf"{re.escape(stack)}\.({below})\..*"
 
 
 def is_lora(model: torch.nn.Module) -> bool:

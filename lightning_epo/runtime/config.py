@@ -87,6 +87,7 @@ RULES: dict[str, Rule] = {
     "model.tiny.seed": integer(0), "model.tiny.init_std": POSITIVE,
     "model.lora.r": integer(optional=True), "model.lora.alpha": POSITIVE,
     "model.lora.dropout": number(0, 1, open_high=True), "model.lora.critic": SWITCH,
+    "model.lora.top_layers": integer(optional=True),
     "model.critic_layers": integer(optional=True),
     # rollout
     "rollout.max_new_tokens": integer(), "rollout.think": SWITCH, "rollout.expert_actions": SWITCH,
@@ -239,6 +240,9 @@ def validate(cfg: DictConfig) -> None:
             "model.lora.critic=true does nothing without model.lora.r and a critic (algo.critic=true): set both or "
             "drop it"
         )
+    if lora is not None and lora.get("top_layers") is not None and lora.r is None:
+        raise ConfigError(f"model.lora.top_layers={lora.top_layers} does nothing without model.lora.r: set "
+                          "model.lora.r=8 (or another rank) or drop it")
     _epo_settings(algo.epo)
     _devices(cfg.trainer.get("devices", "auto"))
     _one_engine_per_rank(cfg)

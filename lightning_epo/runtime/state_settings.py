@@ -5,7 +5,8 @@ differing key, where loading it would end in tens of lines of missing, unexpecte
 
 - the model's architecture as its ``config.json`` gives it (type, sizes, vocabulary), not its path: a moved copy of
   the model, or a warm start's exported policy, is the same model;
-- LoRA: ``model.lora.r``, and while it is set ``model.lora.target_modules`` and ``model.lora.critic``;
+- LoRA: ``model.lora.r``, and while it is set ``model.lora.target_modules``, ``model.lora.critic`` and
+  ``model.lora.top_layers``;
 - ``algo.critic`` (a critic and its optimizer state; with one, ``model.critic_layers`` where set) and the frozen
   reference model (``algo.kl_coef > 0``, without
   LoRA, whose adapter-free base serves as the reference);
@@ -54,6 +55,7 @@ def state_settings(cfg: DictConfig) -> dict[str, object]:
         settings["model.lora.target_modules"] = OmegaConf.to_container(targets) if isinstance(targets, ListConfig) \
             else targets
         settings["model.lora.critic"] = lora.critic
+        settings["model.lora.top_layers"] = lora.get("top_layers")  # null (every layer) recorded too: it differs
     settings["algo.critic"] = cfg.algo.critic
     if cfg.algo.critic and cfg.model.get("critic_layers") is not None:  # absent before the key: a whole critic
         settings["model.critic_layers"] = cfg.model.critic_layers

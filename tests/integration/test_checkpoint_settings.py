@@ -103,3 +103,14 @@ def test_a_deepspeed_checkpoint_resumed_without_deepspeed_names_the_stage(compos
     with pytest.raises(ConfigError, match=r"saved with other settings: trainer.strategy.stage: 3 \(this run: null\)"):
         check_checkpoint_settings(str(ckpt), state_settings(compose_cfg()))
     check_checkpoint_settings(str(ckpt), state_settings(compose_cfg(*zero3)))
+
+
+def test_a_checkpoint_of_adapters_on_the_top_layers_resumed_with_adapters_everywhere_names_the_setting(
+    compose_cfg, tmp_path
+):
+    top = state_settings(compose_cfg(*FAST, "model.lora.r=8", "model.lora.top_layers=1"))
+    ckpt = tmp_path / "top.ckpt"
+    torch.save({"state_settings": top}, ckpt)
+    with pytest.raises(ConfigError, match=r"model.lora.top_layers: 1 \(this run: null\)"):
+        check_checkpoint_settings(str(ckpt), state_settings(compose_cfg(*FAST, "model.lora.r=8")))
+    check_checkpoint_settings(str(ckpt), top)

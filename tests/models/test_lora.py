@@ -148,3 +148,39 @@ def test_lora_critic_without_adapters_or_a_critic_is_refused(compose_cfg, overri
 def test_a_lora_rank_below_one_is_refused_at_start(compose_cfg):
     with pytest.raises(ConfigError, match=r"^model.lora.r must be an integer >= 1 or null, got 0"):
         validate(compose_cfg("model.lora.r=0"))
+
+
+def _layer_outputs_need_grad(model, layers) -> list[bool]:
+    """Whether each decoder layer's output carries a gradient (autograd recorded it) in one forward of ``model``."""
+    needs = []
+    hooks = [layer.register_forward_hook(lambda _m, _i, out: needs.append(
+        (out[0] if isinstance(out, tuple) else out).requires_grad)) for layer in layers]
+    model(input_ids=torch.tensor([[5, 6, 7, 8]]))
+    for hook in hooks:
+        hook.remove()
+    return needs
+
+
+def test_top_layers_adapts_only_the_top_decoder_layers_and_the_backward_stops_below_them(tiny_model_path):
+    whole = load_actor(lora_cfg(tiny_model_path))
+    layers = whole.config.num_hidden_layers
+    assert layers >= 2 and _layer_outputs_need_grad(whole, whole.get_base_model().model.layers) == [True] * layers
+    actor = load_actor(lora_cfg(tiny_model_path, top_layers=1))
+    adapted = {name.split(".layers.")[1].split(".")[0] for name, _ in actor.named_parameters() if "lora_" in name}
+    assert adapted == {str(layers - 1)}
+    assert _layer_outputs_need_grad(actor, actor.get_base_model().model.layers) == [False] * (layers - 1) + [True]
+    critic = load_critic(OmegaConf.merge(lora_cfg(tiny_model_path, critic=True, top_layers=1), {"critic_layers": 1}))
+    assert {n.split(".layers.")[1].split(".")[0] for n, _ in critic.named_parameters() if "lora_" in n} == {"0"}
+
+
+def test_top_layers_beyond_the_model_fail_with_one_line(tiny_model_path):
+    with pytest.raises(UserError, match=r"^model.lora.top_layers=3: the model has 2 decoder layers; give a number from 1"):
+        load_actor(lora_cfg(tiny_model_path, top_layers=3))
+
+
+def test_top_layers_without_adapters_is_refused_at_start(compose_cfg):
+    with pytest.raises(ConfigError, match=r"^model.lora.top_layers=1 does nothing without model.lora.r"):
+        validate(compose_cfg("model.lora.top_layers=1"))
+    with pytest.raises(ConfigError, match=r"^model.lora.top_layers must be an integer >= 1 or null, got 0"):
+        validate(compose_cfg("model.lora.r=8", "model.lora.top_layers=0"))
+    validate(compose_cfg("model.lora.r=8", "model.lora.top_layers=1"))
