@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -28,6 +30,25 @@ def machine_line() -> str:
         f"machine: {cpu_name()}, {cores} cores, load average (1/5/15 min) {load}; "
         f"torch {torch.__version__} ({torch.get_num_threads()} threads); GPU: {gpu}"
     )
+
+
+def cpu_seconds(fn: Callable[[], object]) -> float:
+    """The process CPU time ``fn()`` takes (on a shared machine wall time counts the other jobs too)."""
+    began = time.process_time()
+    fn()
+    return time.process_time() - began
+
+
+def lora_actor_update(actor, ids, mask, response: int) -> None:
+    """One forward and backward of a LoRA actor (a ``PeftModel`` of a causal LM) as the update runs it on rows
+    ``ids`` ``[N, L]`` whose last ``response`` tokens are the answer: the output layer on the response positions
+    only, the backward pass to the adapters."""
+    import torch
+
+    base = actor.get_base_model()
+    hidden = base.model(input_ids=ids, attention_mask=mask).last_hidden_state
+    logits = base.lm_head(hidden[:, -response - 1 : -1])
+    torch.log_softmax(logits.float(), -1).gather(-1, ids[:, -response:, None]).mean().backward()
 
 
 def median(values: list[float]) -> float:

@@ -17,21 +17,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
+import bench_utils  # noqa: F401 - puts the repository on sys.path
 import torch
+from bench_utils import cpu_seconds, lora_actor_update
 
 from lightning_epo.models.loading import load_actor, load_critic
 
 REPO = Path(__file__).resolve().parents[1]
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear", "critic": False}
-
-
-def cpu_seconds(fn) -> float:
-    began = time.process_time()
-    fn()
-    return time.process_time() - began
 
 
 def main() -> None:
@@ -54,9 +49,7 @@ def main() -> None:
     actor = load_actor(cfg).train()
 
     def actor_update() -> None:
-        hidden = actor.get_base_model().model(input_ids=ids, attention_mask=mask).last_hidden_state
-        logits = actor.get_base_model().lm_head(hidden[:, -args.response - 1 : -1])  # response positions only
-        torch.log_softmax(logits.float(), -1).gather(-1, ids[:, -args.response:, None]).mean().backward()
+        lora_actor_update(actor, ids, mask, args.response)
 
     critics = {"whole, trained in full": {**cfg, "lora": {**LORA, "r": None}},
                "whole, LoRA (model.lora.critic=true)": {**cfg, "lora": {**LORA, "critic": True}}}
