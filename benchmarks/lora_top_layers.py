@@ -9,9 +9,9 @@ response positions only, a backward pass to the adapters: ``bench_utils.lora_act
 ``--prompt 494`` and ``--response 12`` are a history-2 turn's positions in the update (506 a row on gold paths:
 benchmarks/sciworld_prompt_tokens.py). ``bf16`` runs it under bf16 autocast, as ``bf16-mixed`` does. Reported per
 arm: the median process CPU time on one torch thread over ``--repeats`` (after one warm-up; the arms' order reversed
-on every other repeat), its share of the every-layer arm's, and the share predicted if a layer's backward pass costs
-what its forward does: ``(1 + N / layers) / 2`` (the output layer and attention's own products aside). A forward
-pass without gradients is timed beside them: the update's cost with no backward pass at all.
+on every other repeat) and its share of the every-layer arm's. A forward pass without gradients is timed beside them
+(F; the every-layer update T): the share predicted for the top N of L layers is ``(F + (T - F) N / L) / T``, the
+backward pass's time spread evenly over the layers.
 """
 
 from __future__ import annotations
@@ -67,8 +67,9 @@ def main() -> None:
         for name in (list(arms) if repeat % 2 == 0 else list(reversed(arms))):
             seconds[name].append(cpu_seconds(arms[name]))
     every = median(seconds["every layer"])
+    forward = median(seconds["forward only"])
     predicted = {"every layer": 1.0, "forward only": None} | {
-        f"top {n} (model.lora.top_layers={n})": (1 + n / layers) / 2 for n in args.top}
+        f"top {n} (model.lora.top_layers={n})": (forward + (every - forward) * n / layers) / every for n in args.top}
     print(machine_line())
     print(f"model {args.model} ({layers} decoder layers); {args.rows} rows of {args.prompt} + {args.response} tokens; "
           f"precision {args.precision}; one torch thread; {args.repeats} repeats\n")
