@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from lightning_epo.core.errors import UserError
 from lightning_epo.models.shards import gathered
@@ -74,19 +75,23 @@ def add_lora(model: torch.nn.Module, lora: Mapping[str, Any], task_type: str | N
     return peft_model
 
 
+def decoder_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """``(name, layer)`` of each decoder layer of ``model``, bottom first (transformers' ``GradientCheckpointingLayer``:
+    ``model.layers.0``, ... in a causal LM, ``layers.0``, ... in a headless backbone)."""
+    return [(name, module) for name, module in model.named_modules() if isinstance(module, GradientCheckpointingLayer)]
+
+
 def _below_top_layers(model: torch.nn.Module, top_layers: int | None) -> str | None:
     """PEFT's ``exclude_modules`` for ``model.lora.top_layers``: a pattern of every module inside the decoder layers
     below the top ``top_layers`` (None where every layer is adapted)."""
-    layers = model.config.num_hidden_layers
-    if top_layers is None or top_layers == layers:
+    layers = decoder_layers(model)
+    if top_layers is None or top_layers == len(layers):
         return None
-    if not 1 <= top_layers <= layers:
-        raise UserError(f"model.lora.top_layers={top_layers}: the model has {layers} decoder layers; give a number "
-                        "from 1 to that (or null for all)")
-    stack = next(name for name, module in model.named_modules()
-                 if isinstance(module, torch.nn.ModuleList) and len(module) == layers)  # e.g. model.layers
-    below = "|".join(str(index) for index in range(layers - top_layers))
-    return rf"{re.escape(stack)}\.({below})\..*"
+    if not 1 <= top_layers <= len(layers):
+        raise UserError(f"model.lora.top_layers={top_layers}: the model has {len(layers)} decoder layers; give a "
+                        "number from 1 to that (or null for all)")
+    below = "|".join(re.escape(name) for name, _ in layers[: len(layers) - top_layers])
+    return rf"({below})\..*"
 
 
 def is_lora(model: torch.nn.Module) -> bool:

@@ -27,7 +27,7 @@ from functools import cache
 import torch
 
 from lightning_epo.core.metric_names import STEP_PARTS
-from lightning_epo.models.lora import is_lora
+from lightning_epo.models.lora import decoder_layers, is_lora
 from lightning_epo.models.shared_prefix import Sharing
 from lightning_epo.training.host_memory import release_free_memory
 
@@ -111,14 +111,28 @@ def update_flops(actor: torch.nn.Module, critic: torch.nn.Module | None, decoder
     (PPO) the critic's backbone over the ``decoder_positions`` its micro-batches computed, summed over its epochs
     (padding included, a shared prefix once, a folded turn's row not at all: ``Sharing.decoder_positions``), and the
     actor's output layer over the ``logit_positions`` (the response tokens) it was applied to. A backward costs two
-    forwards where the weights train, one where they are frozen (LoRA's base: input gradients only). Counting the
-    batch's tokens instead counted work a shared prefix skips, and put the update above the matmul peak."""
+    forwards where the weights train, one where they are frozen (LoRA's base: input gradients only), none in the
+    layers below the lowest one that trains (``model.lora.top_layers``). Counting the batch's tokens instead counted
+    work a shared prefix skips, and put the update above the matmul peak."""
     models = [(actor, actor, logit_positions)] + ([(critic, critic.backbone, 0.0)] if critic is not None else [])
     flops = 0.0
     for model, decoder, logits in models:
         body, output = model_flops_per_token(decoder)
-        flops += (2.0 if is_lora(model) else 3.0) * (body * decoder_positions + output * logits)
+        backward = 1.0 if is_lora(model) else 2.0
+        flops += (1.0 + backward) * (body * decoder_positions + output * logits)
+        flops -= backward * _below_the_trained_layers(decoder) * decoder_positions
     return flops
+
+
+def _below_the_trained_layers(decoder: torch.nn.Module) -> float:
+    """A forward's FLOPs per position of the decoder layers below the lowest one with a parameter that trains: the
+    backward pass never reaches them (``model.lora.top_layers``; 0 where the lowest layer trains)."""
+    frozen = 0
+    for _, layer in decoder_layers(decoder):
+        if any(p.requires_grad for p in layer.parameters()):
+            break
+        frozen += sum(_numel(p) for p in layer.parameters())
+    return 2.0 * frozen
 
 
 def _numel(param: torch.Tensor) -> int:

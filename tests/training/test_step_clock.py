@@ -58,6 +58,18 @@ def test_the_update_counts_the_positions_its_passes_computed(tiny_model_path):
     assert update_flops(lora, None, 1000.0, 30.0) == pytest.approx(2.0 * (body * 1000 + output * 30), rel=1e-12)
 
 
+def test_with_adapters_on_the_top_layers_the_backward_is_counted_from_the_lowest_adapted_layer(tiny_model_path):
+    """``model.lora.top_layers``: the layers below the adapted ones get no backward pass, and are counted once."""
+    actor = load_actor(model_cfg(tiny_model_path))
+    body, output = model_flops_per_token(actor)
+    first = 2.0 * sum(p.numel() for p in actor.model.layers[0].parameters())  # a forward's FLOPs a position
+    top = add_lora(actor, {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear", "top_layers": 1},
+                   "CAUSAL_LM")
+    assert actor.config.num_hidden_layers == 2
+    forward = body * 1000 + output * 30
+    assert update_flops(top, None, 1000.0, 30.0) == pytest.approx(forward + forward - first * 1000, rel=1e-12)
+
+
 def test_a_pass_adds_the_positions_its_decoder_computes_and_its_response_tokens():
     clock, ids, responses = StepClock(torch.device("cpu")), torch.zeros(4, 10, dtype=torch.long), torch.zeros(4, 10)
     responses[:, -3:] = 1
