@@ -32,6 +32,11 @@ def machine_line() -> str:
     )
 
 
+# The SmolLM2 recipes' adapters (conf/experiment/smollm2_*.yaml: r 16, alpha 32, every linear layer), as a
+# ``model.lora`` node for load_actor / load_critic
+RECIPE_LORA = {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear", "critic": False}
+
+
 def cpu_seconds(fn: Callable[[], object]) -> float:
     """The process CPU time ``fn()`` takes (on a shared machine wall time counts the other jobs too)."""
     began = time.process_time()

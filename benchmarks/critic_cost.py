@@ -17,21 +17,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from pathlib import Path
 
 import bench_utils  # noqa: F401 - puts the repository on sys.path
 import torch
-from bench_utils import cpu_seconds, lora_actor_update
+from bench_utils import RECIPE_LORA, REPO_ROOT, cpu_seconds, lora_actor_update
 
 from lightning_epo.models.loading import load_actor, load_critic
-
-REPO = Path(__file__).resolve().parents[1]
-LORA = {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear", "critic": False}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=str(REPO / "data" / "smollm2-135m-instruct"))
+    parser.add_argument("--model", default=str(REPO_ROOT / "data" / "smollm2-135m-instruct"))
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--prompt", type=int, default=624, help="prompt tokens a row (the recipe's mean: 636 in all)")
     parser.add_argument("--response", type=int, default=12, help="response tokens a row (a gold answer: 11.6)")
@@ -40,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    cfg = {"name_or_path": args.model, "dtype": "float32", "attn_implementation": "sdpa", "lora": LORA}
+    cfg = {"name_or_path": args.model, "dtype": "float32", "attn_implementation": "sdpa", "lora": RECIPE_LORA}
     length = args.prompt + args.response
     vocab = load_actor({**cfg, "lora": None}).config.vocab_size
     ids = torch.randint(0, vocab, (args.rows, length))
@@ -51,10 +47,10 @@ def main() -> None:
     def actor_update() -> None:
         lora_actor_update(actor, ids, mask, args.response)
 
-    critics = {"whole, trained in full": {**cfg, "lora": {**LORA, "r": None}},
-               "whole, LoRA (model.lora.critic=true)": {**cfg, "lora": {**LORA, "critic": True}}}
-    critics |= {f"first {n} layers, in full (model.critic_layers={n})": {**cfg, "lora": {**LORA, "r": None},
-                                                                         "critic_layers": n} for n in args.layers}
+    critics = {"whole, trained in full": {**cfg, "lora": {**RECIPE_LORA, "r": None}},
+               "whole, LoRA (model.lora.critic=true)": {**cfg, "lora": {**RECIPE_LORA, "critic": True}}}
+    critics |= {f"first {n} layers, in full (model.critic_layers={n})":
+                {**cfg, "lora": {**RECIPE_LORA, "r": None}, "critic_layers": n} for n in args.layers}
     actor_update()  # warm-up
     actor_s = statistics.median(cpu_seconds(actor_update) for _ in range(args.repeats))
     tokens = args.rows * length

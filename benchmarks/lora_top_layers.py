@@ -21,11 +21,10 @@ import contextlib
 
 import bench_utils  # noqa: F401 - puts the repository on sys.path
 import torch
-from bench_utils import REPO_ROOT, cpu_seconds, lora_actor_update, machine_line, median, print_table
+from bench_utils import (RECIPE_LORA, REPO_ROOT, cpu_seconds, lora_actor_update, machine_line, median,
+                         print_table)
 
 from lightning_epo.models.loading import load_actor
-
-LORA = {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear", "critic": False}
 
 
 def main() -> None:
@@ -41,10 +40,10 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     cfg = {"name_or_path": args.model, "dtype": "float32", "attn_implementation": "sdpa"}
-    actors = {"every layer": load_actor({**cfg, "lora": LORA}).train()}
+    actors = {"every layer": load_actor({**cfg, "lora": RECIPE_LORA}).train()}
     layers = actors["every layer"].config.num_hidden_layers
-    actors |= {f"top {n} (model.lora.top_layers={n})": load_actor({**cfg, "lora": {**LORA, "top_layers": n}}).train()
-               for n in args.top}
+    actors |= {f"top {n} (model.lora.top_layers={n})":
+               load_actor({**cfg, "lora": {**RECIPE_LORA, "top_layers": n}}).train() for n in args.top}
     ids = torch.randint(0, actors["every layer"].config.vocab_size, (args.rows, args.prompt + args.response))
     mask = torch.ones_like(ids)
 
@@ -59,7 +58,8 @@ def main() -> None:
         with torch.no_grad(), autocast():
             actors["every layer"](input_ids=ids, attention_mask=mask, logits_to_keep=args.response + 1)
 
-    arms = {name: (lambda actor=actor: update(actor)) for name, actor in actors.items()} | {"forward only": forward_only}
+    arms = {name: (lambda actor=actor: update(actor)) for name, actor in actors.items()}
+    arms["forward only"] = forward_only
     for run in arms.values():
         run()  # warm-up
     seconds: dict[str, list[float]] = {name: [] for name in arms}
