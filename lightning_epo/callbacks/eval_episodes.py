@@ -16,9 +16,9 @@ from lightning_epo.rollout.episode import Episode
 
 
 def episode_outcome(ep: Episode, split: str, place: int) -> dict[str, Any]:
-    """One evaluation episode as a JSON object: its split, its place in the split's validation sample, its task and
-    what came of it."""
-    return {"split": split, "place": place, "task": ep.task, "won": bool(ep.won),
+    """One evaluation episode as a JSON object: its split, its place in the split's validation sample, its task (the
+    environment's text and the suite's name, ``""`` where the suite names none) and what came of it."""
+    return {"split": split, "place": place, "task": ep.task, "task_name": ep.task_name, "won": bool(ep.won),
             "return": float(ep.episode_return), "turns": ep.num_turns, "truncated": bool(ep.truncated)}
 
 
@@ -35,8 +35,8 @@ class EvalEpisodesLog(L.Callback):
     """After every evaluation (not Lightning's sanity check), appends one line per episode, every rank's, to
     ``RUN_DIR/eval_episodes.jsonl``, sorted by split and place::
 
-        {"mode": "train", "after_rl_steps": 10, "split": "iid", "place": 0, "task": "...", "won": true,
-         "return": 10.0, "turns": 7, "truncated": false}
+        {"mode": "train", "after_rl_steps": 10, "split": "iid", "place": 0, "task": "...", "task_name": "...",
+         "won": true, "return": 10.0, "turns": 7, "truncated": false}
 
     ``after_rl_steps``: the RL steps trained before the evaluation (0: ``val_at_start``'s); ``mode``: the run's
     (``train``, or ``eval`` for ``mode=eval``'s evaluation, which ``eval.json`` reports). ``place``: the episode's index

@@ -174,12 +174,16 @@ def load_run(run_dir: str | Path, label: str | None = None) -> Run:
                config)
 
 
-def load_run_arg(arg: str) -> Run:
-    """A command-line run: ``DIR`` or ``LABEL=DIR`` (a label has no ``/``)."""
+def split_run_arg(arg: str) -> tuple[str | None, str]:
+    """A command-line run's label (None without one) and directory: ``DIR`` or ``LABEL=DIR`` (a label has no ``/``)."""
     label, sep, path = arg.partition("=")
-    if sep and label and "/" not in label:
-        return load_run(path, label)
-    return load_run(arg)
+    return (label, path) if sep and label and "/" not in label else (None, arg)
+
+
+def load_run_arg(arg: str) -> Run:
+    """A command-line run: ``DIR`` or ``LABEL=DIR``."""
+    label, path = split_run_arg(arg)
+    return load_run(path, label)
 
 
 def seed_std(values: list[float]) -> float:

@@ -20,8 +20,8 @@ from lightning_epo.rollout.episode import Episode
 
 def batch(split, wins, tasks=None):
     tasks = tasks or [f"task {i}" for i in range(len(wins))]
-    return EvalBatch(split, [Episode(traj_id=i, group_id=i, task=t, won=w, episode_return=10.0 * w)
-                             for i, (t, w) in enumerate(zip(tasks, wins))])
+    return EvalBatch(split, [Episode(traj_id=i, group_id=i, task=t, won=w, episode_return=10.0 * w,
+                                     task_name=f"name {t}") for i, (t, w) in enumerate(zip(tasks, wins))])
 
 
 def evaluate(log, rl_step, batches, rank=0, world=1, sanity=False):
@@ -43,7 +43,7 @@ def test_each_evaluation_appends_its_episodes_in_split_and_place_order(tmp_path)
         (0, "iid", 0, True), (0, "iid", 1, False), (0, "iid", 2, True), (0, "ood", 0, False), (0, "ood", 1, True),
         (10, "iid", 0, False), (10, "iid", 1, False), (10, "iid", 2, True)]
     assert rows[0] == {"mode": "train", "after_rl_steps": 0, "split": "iid", "place": 0, "task": "task 0",
-                       "won": True, "return": 10.0, "turns": 0, "truncated": False}
+                       "task_name": "name task 0", "won": True, "return": 10.0, "turns": 0, "truncated": False}
     assert final_outcomes(tmp_path, "iid") == {0: ("task 0", False), 1: ("task 1", False), 2: ("task 2", True)}
     assert final_outcomes(tmp_path, "ood") == {0: ("task 0", False), 1: ("task 1", True)}
     assert final_outcomes(tmp_path, "heldout") is None and final_outcomes(tmp_path / "none", "iid") is None
