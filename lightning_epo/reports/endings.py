@@ -107,5 +107,6 @@ def main(argv: list[str] | None = None) -> None:
                                   "mean return: won / failed / cut"],
                                  rows(tally(found)))))
 
+
 if __name__ == "__main__":
     main()
