@@ -20,6 +20,10 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+import bench_utils  # noqa: F401 - puts the repository on sys.path
+
+from lightning_epo.reports.eval_episodes import episode_ending
+
 FIND = "find a(n)"
 FOCUS = "focus on"
 
@@ -34,10 +38,6 @@ def first_focus(episode: dict) -> str:
     return "wrong" if ended_the_task else "right"
 
 
-def ended(episode: dict) -> str:
-    return "won" if episode["won"] else "cut" if episode["truncated"] else "failed"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run directories with a samples.jsonl")
@@ -48,7 +48,7 @@ def main() -> None:
     print(f"{len(args.runs)} runs, {len(episodes)} sampled episodes, {len(turns)} turns; "
           f"'{args.action}' played in {sum(turn['action'] == args.action for turn in turns)}")
     find = [episode for episode in episodes if episode["task"].startswith(FIND)]
-    for name, key in (("first focus", first_focus), ("ended", ended)):
+    for name, key in (("first focus", first_focus), ("ended", episode_ending)):
         groups = defaultdict(list)
         for episode in find:
             groups[key(episode)].append(episode)

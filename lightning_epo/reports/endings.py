@@ -8,8 +8,7 @@ evaluation, or a ``mode=eval`` run's (a comparison's control) where the run has 
 repeated pools its runs' episodes (several seeds, or an arm's runs and, repeated once per run, their controls); a run
 without a label is labelled by its directory. A task is the suite's task name where the run recorded it
 (``task_name``), else the task text's first sentence (ScienceWorld's texts differ by variation after it: the box, the
-room). "Cut" is the episode's ``truncated``: stopped at ``env.max_turns`` (or by an environment failure) before the
-task ended. A return is the run's own (its reward settings: pool runs that share them). Where a policy's wins went
+room). The endings are :func:`episode_ending`'s. A return is the run's own (its reward settings: pool runs that share them). Where a policy's wins went
 when it lost them (docs/comparison_sciworld_token_mean.md).
 """
 
@@ -22,18 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from lightning_epo.core.errors import UserError, exit_with_error
-from lightning_epo.reports.eval_episodes import final_episodes
+from lightning_epo.reports.eval_episodes import episode_ending, final_episodes
 from lightning_epo.reports.run_history import split_run_arg
 from lightning_epo.reports.wilson import wilson_interval
 
 ENDINGS = ("won", "failed", "cut")
 SPLITS = {"iid": ("iid",), "ood": ("ood",), "both": ("iid", "ood")}
 ALL_TASKS = "all tasks"
-
-
-def ending(row: dict[str, Any]) -> str:
-    """``won``, ``failed`` (the task ended without a win) or ``cut`` (``truncated``: the turn limit) of one episode."""
-    return "won" if row["won"] else "cut" if row["truncated"] else "failed"
 
 
 def task_of(row: dict[str, Any]) -> str:
@@ -59,7 +53,7 @@ def tally(episodes: list[dict[str, Any]]) -> dict[str, dict[str, list[dict[str, 
     ended: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: {name: [] for name in ENDINGS})
     for row in episodes:
         for task in (task_of(row), ALL_TASKS):
-            ended[task][ending(row)].append(row)
+            ended[task][episode_ending(row)].append(row)
     return dict(ended)
 
 
@@ -74,12 +68,17 @@ def rows(ended: dict[str, dict[str, list[dict[str, Any]]]]) -> list[list[str]]:
     turns and mean return."""
     table = []
     for task in sorted(ended, key=lambda name: (name == ALL_TASKS, name)):
-        n = sum(map(len, ended[task].values()))
-        means = [" / ".join(f"{statistics.mean(row[key] for row in ended[task][name]):.{digits}f}"
-                            if ended[task][name] else "-" for name in ENDINGS)
-                 for key, digits in (("turns", 1), ("return", 2))]
-        table.append([task, str(n), *(share(len(ended[task][name]), n) for name in ENDINGS), *means])
+        by_ending = ended[task]
+        n = sum(map(len, by_ending.values()))
+        table.append([task, str(n), *(share(len(by_ending[name]), n) for name in ENDINGS),
+                      means(by_ending, "turns", 1), means(by_ending, "return", 2)])
     return table
+
+
+def means(by_ending: dict[str, list[dict[str, Any]]], key: str, digits: int) -> str:
+    """``won / failed / cut``: each ending's mean ``key`` (``-`` where none ended so)."""
+    return " / ".join(f"{statistics.mean(row[key] for row in by_ending[name]):.{digits}f}" if by_ending[name] else "-"
+                      for name in ENDINGS)
 
 
 def markdown(header: list[str], body: list[list[str]]) -> list[str]:

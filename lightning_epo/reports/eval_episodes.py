@@ -40,13 +40,21 @@ def final_outcomes(run_dir: Path, split: str, mode: str = "train") -> Outcomes |
     return None if episodes is None else {place: (row["task"], row["won"]) for place, row in episodes.items()}
 
 
+def episode_ending(row: dict[str, Any]) -> str:
+    """How an episode ended: ``won``; ``cut`` at the turn limit without a win (``truncated``: stopped at
+    ``env.max_turns``, or by an environment failure, before the task ended); or ``failed`` (the task ended without a
+    win)."""
+    return "won" if row["won"] else "cut" if row["truncated"] else "failed"
+
+
 def unwon_share(episodes: Episodes, cut: bool, within: int | None = None) -> float:
     """The share of ``episodes`` that ended without a win: by a failure (``cut=False``: not cut at the turn limit,
     ``truncated``) or cut at the turn limit (``cut=True``: where the episodes of a policy that fails less went when it
     does not win more, docs/comparison_sciworld_warm_paths_rl.md); with ``within``, only those that ended so in at
     most ``within`` turns (ScienceWorld's failing fast)."""
-    ended = [row for row in episodes.values() if not row["won"] and row["truncated"] == cut
-             and (within is None or row["turns"] <= within)]
+    ending = "cut" if cut else "failed"
+    ended = [row for row in episodes.values()
+             if episode_ending(row) == ending and (within is None or row["turns"] <= within)]
     return len(ended) / len(episodes)
 
 
